@@ -1,0 +1,44 @@
+"""What happened to a key: a bounded log of transitions and events, and the error
+raised when a state machine is asked for a transition it does not allow."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from shoal.protocol.messages import Key
+
+
+class InvalidTransition(Exception):
+    """A state machine was asked to move a key between states it cannot connect."""
+
+    def __init__(self, key: Key, start: str, finish: str, story: list[tuple[Any, ...]]):
+        self.key = key
+        self.start = start
+        self.finish = finish
+        self.story = story
+        lines = "\n".join(f"  {entry}" for entry in story[-20:])
+        super().__init__(f"impossible transition {start!r} -> {finish!r} for key {key!r}\n{lines}")
+
+
+class InvalidState(AssertionError):
+    """``validate_state()`` found a broken invariant."""
+
+
+class StoryLog:
+    """Recent transitions and events, newest last; ``story(key)`` filters by key."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, maxlen: int = 100_000):
+        self._log: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
+
+    def append(self, entry: tuple[Any, ...]) -> None:
+        self._log.append(entry)
+
+    def story(self, *keys: Key) -> list[tuple[Any, ...]]:
+        wanted = set(keys)
+        return [e for e in self._log if e[0] in wanted]
+
+    def __len__(self) -> int:
+        return len(self._log)

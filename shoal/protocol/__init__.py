@@ -1,0 +1,1 @@
+"""Wire protocol: messages, framing and serialisation. Pure: no I/O, no clocks."""

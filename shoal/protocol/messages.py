@@ -1,0 +1,290 @@
+"""Wire messages: msgspec structs in one tagged union.
+
+Every message is an array-like struct whose first element is its tag (the class
+name), so a batch encodes compactly and decoding validates field types. Every
+message that changes state carries a ``stimulus_id`` so any resulting state can be
+traced back to what caused it.
+
+User data never appears here as Python objects: it travels as :class:`Payload`
+(opaque bytes plus a count of out-of-band buffers carried at the end of the frame).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# A task key: a string, or a tuple like Dask's ("name", i, j).
+Key = Union[str, int, tuple]
+
+
+class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A serialised user object. ``kind`` is MSGPACK or PICKLE (see serialize.py);
+    ``nbuffers`` out-of-band buffers follow in the frame, in message order."""
+
+    kind: int
+    data: bytes
+    nbuffers: int = 0
+
+
+class Message(msgspec.Struct, tag=True, array_like=True, gc=False, omit_defaults=True):
+    """Base of every wire message."""
+
+
+# --- handshake -------------------------------------------------------------------
+
+
+class Hello(Message):
+    """First message on every connection, from the side that connected."""
+
+    version: int
+    role: str  # "client" | "worker" | "peer"
+    name: str = ""
+    address: str = ""  # a worker's listening address
+    nthreads: int = 0
+    memory_limit: int = 0
+    pid: int = 0
+    subscribe: bool = True
+
+
+class Welcome(Message):
+    version: int
+    id: str  # the scheduler's (or worker's) identity
+    assigned: str = ""  # client id or worker name as the server records it
+
+
+class Refused(Message):
+    """Sent before closing a connection that broke the protocol."""
+
+    reason: str
+
+
+# --- client -> scheduler ---------------------------------------------------------
+
+
+class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    key: Key
+    func: str  # function table id; "" for a task that only holds data
+    payload: Payload  # (args, kwargs) with dependency references
+    deps: list[Key] = []
+    group: str = ""  # TaskGroup name; derived from the key when empty
+    priority: int = 0  # user priority: higher runs first
+    retries: int = 0
+
+
+class SubmitTasks(Message):
+    tasks: list[TaskSpec]
+    wanted: list[Key]  # keys the client holds futures for
+    functions: dict[str, bytes] = {}  # function table entries new to this connection
+    stimulus_id: str = ""
+
+
+class ReleaseKeys(Message):
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class CancelKeys(Message):
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class WantKeys(Message):
+    """A client holds futures for keys it did not submit (e.g. unpickled futures)."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class ScatterDone(Message):
+    """Data the client placed on ``worker``: the scheduler records it as in memory."""
+
+    keys: list[Key]
+    nbytes: list[int]
+    worker: str
+    stimulus_id: str = ""
+
+
+class WhoHasRequest(Message):
+    request_id: int
+    keys: list[Key]
+
+
+class InfoRequest(Message):
+    request_id: int
+
+
+# --- scheduler -> client ---------------------------------------------------------
+
+
+class KeyInMemory(Message):
+    key: Key
+    value: Payload | None = None  # small results ride along, saving a round trip
+    type_name: str = ""
+    stimulus_id: str = ""
+
+
+class KeyErred(Message):
+    key: Key
+    exception: Payload
+    traceback: str
+    blamed: Key | None = None  # the task that actually failed, if not this one
+    stimulus_id: str = ""
+
+
+class KeyCancelled(Message):
+    key: Key
+    reason: str = ""
+    stimulus_id: str = ""
+
+
+class WhoHasReply(Message):
+    request_id: int
+    who_has: list[tuple[Key, list[str]]]
+
+
+class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
+    address: str
+    name: str
+    host: str
+    nthreads: int
+    memory_limit: int
+    processing: int
+    nbytes: int
+    tasks_run: int
+
+
+class InfoReply(Message):
+    request_id: int
+    scheduler_id: str
+    address: str
+    workers: list[WorkerInfo]
+    tasks: int
+
+
+# --- scheduler -> worker ---------------------------------------------------------
+
+
+class DepInfo(msgspec.Struct, array_like=True, gc=False):
+    key: Key
+    nbytes: int
+    who_has: list[str]
+
+
+class FunctionDefs(Message):
+    """Function table entries, sent once per connection before first use."""
+
+    functions: dict[str, bytes]
+
+
+class ComputeTask(Message):
+    key: Key
+    func: str
+    payload: Payload
+    priority: tuple[int, ...]
+    deps: list[DepInfo] = []
+    stimulus_id: str = ""
+
+
+class FreeKeys(Message):
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+# --- worker -> scheduler ---------------------------------------------------------
+
+
+class TaskFinished(Message):
+    key: Key
+    nbytes: int
+    start: float
+    stop: float
+    value: Payload | None = None
+    type_name: str = ""
+    stimulus_id: str = ""
+
+
+class TaskErred(Message):
+    key: Key
+    exception: Payload
+    traceback: str
+    start: float = 0.0
+    stop: float = 0.0
+    stimulus_id: str = ""
+
+
+class AddKeys(Message):
+    """The worker now holds these keys (fetched replicas or scattered data)."""
+
+    keys: list[Key]
+    nbytes: list[int]
+    stimulus_id: str = ""
+
+
+class MissingData(Message):
+    """``key`` could not run: ``missing`` were not found on any worker we were told of."""
+
+    key: Key
+    missing: list[Key]
+    stimulus_id: str = ""
+
+
+# --- peer to peer (worker <-> worker, client -> worker) ---------------------------
+
+
+class GetData(Message):
+    request_id: int
+    keys: list[Key]
+
+
+class DataReply(Message):
+    request_id: int
+    keys: list[Key]
+    payloads: list[Payload]
+    missing: list[Key] = []
+
+
+class UpdateData(Message):
+    request_id: int
+    keys: list[Key]
+    payloads: list[Payload]
+
+
+class Ack(Message):
+    request_id: int
+    nbytes: list[int] = []
+
+
+AnyMessage = Union[
+    Hello,
+    Welcome,
+    Refused,
+    SubmitTasks,
+    ReleaseKeys,
+    CancelKeys,
+    WantKeys,
+    ScatterDone,
+    WhoHasRequest,
+    InfoRequest,
+    KeyInMemory,
+    KeyErred,
+    KeyCancelled,
+    WhoHasReply,
+    InfoReply,
+    FunctionDefs,
+    ComputeTask,
+    FreeKeys,
+    TaskFinished,
+    TaskErred,
+    AddKeys,
+    MissingData,
+    GetData,
+    DataReply,
+    UpdateData,
+    Ack,
+]
+
+ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__  # type: ignore[attr-defined]

@@ -1,0 +1,277 @@
+"""Serialisation of user objects.
+
+* Plain values (int, float, str, bytes, bool, None, and lists/dicts of them) are
+  msgpack: fast, safe, and exactly round-tripped. Tuples, sets, subclasses and
+  anything else go through cloudpickle (protocol 5), large buffers out of band.
+* Functions are serialised once, named by a content hash, and referenced from task
+  payloads by that id (the *function table*); workers deserialise each id once.
+* Dependencies inside arguments (futures) become key references, resolved on the
+  worker against local data.
+
+Only clients and workers call the ``loads_*`` functions; the scheduler passes
+:class:`Payload` bytes through untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import msgspec
+
+from shoal.protocol.messages import Key, Payload
+
+MSGPACK = 0
+PICKLE = 1
+_KEY_EXT = 1
+_OOB_THRESHOLD = 64 * 1024  # buffers at least this large travel out of band
+INLINE_LIMIT = 1024  # results this small ride along with the completion message
+
+_mp_encoder = msgspec.msgpack.Encoder()
+_key_decoder = msgspec.msgpack.Decoder(Key)
+_PLAIN_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+class SerializationError(TypeError):
+    """A user object could not be serialised; the message names what and why."""
+
+
+def _plain(obj: Any, ref_types: dict[type, Callable[[Any], Key]] | None) -> bool:
+    """True when msgpack round-trips ``obj`` exactly (and every reference is known)."""
+    t = type(obj)
+    if t in _PLAIN_SCALARS:
+        return t is not int or -(1 << 63) <= obj < (1 << 64)
+    if t is list:
+        return all(_plain(x, ref_types) for x in obj)
+    if t is dict:
+        return all(
+            type(k) in (str, int) and _plain(k, None) and _plain(v, ref_types)
+            for k, v in obj.items()
+        )
+    return ref_types is not None and t in ref_types
+
+
+# --- function table -----------------------------------------------------------------
+
+
+def function_id(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+class FunctionTable:
+    """Client side: each distinct function object is pickled and hashed once."""
+
+    def __init__(self, max_cached: int = 10_000):
+        self._by_obj: dict[int, tuple[Any, str]] = {}  # id(func) -> (func, fid)
+        self.bytes: dict[str, bytes] = {}
+        self._max_cached = max_cached
+
+    def register(self, func: Any) -> str:
+        hit = self._by_obj.get(id(func))
+        if hit is not None and hit[0] is func:
+            return hit[1]
+        try:
+            data = cloudpickle.dumps(func, protocol=5)
+        except Exception as e:
+            raise SerializationError(f"cannot serialise function {func!r}: {e}") from e
+        fid = function_id(data)
+        self.bytes.setdefault(fid, data)
+        if len(self._by_obj) >= self._max_cached:
+            self._by_obj.clear()  # rare; the content hash keeps ids stable anyway
+        self._by_obj[id(func)] = (func, fid)
+        return fid
+
+
+class FunctionCache:
+    """Worker side: function bytes by id, deserialised once on first use."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[str, bytes] = {}
+        self._loaded: dict[str, Any] = {}
+
+    def add(self, functions: dict[str, bytes]) -> None:
+        self._bytes.update(functions)
+
+    def __contains__(self, fid: str) -> bool:
+        return fid in self._bytes
+
+    def get(self, fid: str) -> Any:
+        fn = self._loaded.get(fid)
+        if fn is None:
+            try:
+                data = self._bytes[fid]
+            except KeyError:
+                raise SerializationError(f"unknown function id {fid!r}") from None
+            fn = self._loaded[fid] = cloudpickle.loads(data)
+        return fn
+
+
+# --- task arguments -----------------------------------------------------------------
+
+
+def _pickle(
+    obj: Any,
+    ref_types: dict[type, Callable[[Any], Key]] | None = None,
+    functions: FunctionTable | None = None,
+    deps: list[Key] | None = None,
+    out_of_band: bool = True,
+) -> tuple[Payload, list[memoryview]]:
+    buffers: list[memoryview] = []
+
+    def buffer_callback(pb: pickle.PickleBuffer) -> bool:
+        raw = pb.raw()
+        if raw.nbytes < _OOB_THRESHOLD:
+            return True
+        buffers.append(raw)
+        return False
+
+    f = io.BytesIO()
+    pickler = cloudpickle.Pickler(
+        f, protocol=5, buffer_callback=buffer_callback if out_of_band else None
+    )
+    if ref_types or functions is not None:
+
+        def persistent_id(o: Any) -> Any:
+            t = type(o)
+            if ref_types and t in ref_types:
+                key = ref_types[t](o)
+                if deps is not None:
+                    deps.append(key)
+                return ("k", key)
+            if functions is not None and t is types.FunctionType:
+                return ("f", functions.register(o))
+            return None
+
+        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+    try:
+        pickler.dump(obj)
+    except SerializationError:
+        raise
+    except Exception as e:
+        raise SerializationError(f"cannot serialise {type(obj).__name__}: {e}") from e
+    return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
+
+
+def dumps_task_args(
+    args: tuple,
+    kwargs: dict,
+    ref_types: dict[type, Callable[[Any], Key]],
+    functions: FunctionTable,
+) -> tuple[Payload, list[Key]]:
+    """Encode ``(args, kwargs)``; return the payload and the dependency keys found."""
+    deps: list[Key] = []
+    body = [list(args), kwargs]
+    if _plain(body, ref_types):
+
+        def enc_hook(o: Any) -> Any:
+            key = ref_types[type(o)](o)
+            deps.append(key)
+            return msgspec.msgpack.Ext(_KEY_EXT, _mp_encoder.encode(key))
+
+        try:
+            return Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook)), deps
+        except (OverflowError, msgspec.EncodeError):
+            deps.clear()
+    # The scheduler holds task payloads as one opaque piece: no out-of-band buffers.
+    payload, _ = _pickle((args, kwargs), ref_types, functions, deps, out_of_band=False)
+    return payload, deps
+
+
+def loads_task_args(
+    payload: Payload,
+    resolve_key: Callable[[Key], Any],
+    resolve_func: Callable[[str], Any],
+) -> tuple[tuple, dict]:
+    if payload.kind == MSGPACK:
+
+        def ext_hook(code: int, data: memoryview) -> Any:
+            if code != _KEY_EXT:
+                raise SerializationError(f"unknown msgpack extension {code}")
+            return resolve_key(_key_decoder.decode(data))
+
+        args, kwargs = msgspec.msgpack.decode(payload.data, ext_hook=ext_hook)
+        return tuple(args), kwargs
+    if payload.kind == PICKLE:
+        args, kwargs = _unpickle(payload.data, [], resolve_key, resolve_func)
+        return tuple(args), kwargs
+    raise SerializationError(f"unknown payload kind {payload.kind}")
+
+
+def _unpickle(
+    data: bytes,
+    buffers: list[memoryview],
+    resolve_key: Callable[[Key], Any] | None,
+    resolve_func: Callable[[str], Any] | None,
+) -> Any:
+    unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
+    if resolve_key is not None:
+
+        def persistent_load(pid: Any) -> Any:
+            kind, ref = pid
+            if kind == "k":
+                return resolve_key(tuple(ref) if isinstance(ref, list) else ref)
+            if kind == "f" and resolve_func is not None:
+                return resolve_func(ref)
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+        unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
+    return unpickler.load()
+
+
+# --- values (results, scattered data, exceptions) -----------------------------------
+
+
+def dumps_value(obj: Any) -> tuple[Payload, list[memoryview]]:
+    if _plain(obj, None):
+        try:
+            return Payload(MSGPACK, _mp_encoder.encode(obj)), []
+        except (OverflowError, msgspec.EncodeError):
+            pass
+    return _pickle(obj)
+
+
+def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> Any:
+    if payload.kind == MSGPACK:
+        return msgspec.msgpack.decode(payload.data)
+    if payload.kind == PICKLE:
+        return _unpickle(payload.data, buffers or [], None, None)
+    raise SerializationError(f"unknown payload kind {payload.kind}")
+
+
+def dumps_inline(obj: Any) -> Payload | None:
+    """A payload for small plain results, or None when the value must stay remote."""
+    t = type(obj)
+    if t in _PLAIN_SCALARS:
+        if t in (str, bytes) and len(obj) > INLINE_LIMIT:
+            return None
+        if t is int and not -(1 << 63) <= obj < (1 << 64):
+            return None
+        return Payload(MSGPACK, _mp_encoder.encode(obj))
+    return None
+
+
+def dumps_exception(exc: BaseException) -> Payload:
+    try:
+        return Payload(PICKLE, cloudpickle.dumps(exc, protocol=5))
+    except Exception:
+        fallback = RuntimeError(f"{type(exc).__name__}: {exc} (the exception was not picklable)")
+        return Payload(PICKLE, pickle.dumps(fallback, protocol=5))
+
+
+def sizeof(obj: Any) -> int:
+    """A cheap estimate of an object's memory footprint in bytes."""
+    nbytes = getattr(obj, "nbytes", None)
+    if type(nbytes) is int:
+        return nbytes
+    t = type(obj)
+    if t is bytes or t is bytearray or t is str:
+        return len(obj) + 33
+    if t is list or t is tuple:
+        return sys.getsizeof(obj) + 8 * min(len(obj), 64)
+    return sys.getsizeof(obj)

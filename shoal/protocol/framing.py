@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -36,7 +37,7 @@ class ProtocolError(Exception):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(list[AnyMessage])
+_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(list[AnyMessage])
 
 
 def encode_body(messages: Sequence[Message]) -> bytes:
@@ -47,6 +48,8 @@ def encode_frame(
     messages: Sequence[Message], buffers: Sequence[bytes | memoryview] = ()
 ) -> list[bytes | memoryview]:
     """Return the pieces of one frame, ready for ``transport.writelines``."""
+    if len(buffers) > MAX_BUFFERS:
+        raise ProtocolError(f"cannot send {len(buffers)} buffers in one frame (limit {MAX_BUFFERS})")
     body = _encoder.encode(messages)
     header = _HEADER.pack(MAGIC, len(buffers), len(body))
     if not buffers:
@@ -57,7 +60,7 @@ def encode_frame(
 
 def decode_body(body: bytes | memoryview) -> list[Message]:
     try:
-        return _decoder.decode(body)
+        return _decoder.decode(body)  # type: ignore[no-any-return]
     except msgspec.ValidationError as e:
         raise ProtocolError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:

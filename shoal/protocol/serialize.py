@@ -148,7 +148,7 @@ def _pickle(
                 return ("f", functions.register(o))
             return None
 
-        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+        pickler.persistent_id = persistent_id
     try:
         pickler.dump(obj)
     except SerializationError:
@@ -176,7 +176,7 @@ def dumps_task_args(
 
         try:
             return Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook)), deps
-        except (OverflowError, msgspec.EncodeError):
+        except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
             deps.clear()
     # The scheduler holds task payloads as one opaque piece: no out-of-band buffers.
     payload, _ = _pickle((args, kwargs), ref_types, functions, deps, out_of_band=False)
@@ -231,7 +231,7 @@ def dumps_value(obj: Any) -> tuple[Payload, list[memoryview]]:
     if _plain(obj, None):
         try:
             return Payload(MSGPACK, _mp_encoder.encode(obj)), []
-        except (OverflowError, msgspec.EncodeError):
+        except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
             pass
     return _pickle(obj)
 
@@ -252,13 +252,18 @@ def dumps_inline(obj: Any) -> Payload | None:
             return None
         if t is int and not -(1 << 63) <= obj < (1 << 64):
             return None
-        return Payload(MSGPACK, _mp_encoder.encode(obj))
+        try:
+            return Payload(MSGPACK, _mp_encoder.encode(obj))
+        except UnicodeEncodeError:  # a str with lone surrogates: dumps_value pickles it
+            return None
     return None
 
 
 def dumps_exception(exc: BaseException) -> Payload:
     try:
-        return Payload(PICKLE, cloudpickle.dumps(exc, protocol=5))
+        data = cloudpickle.dumps(exc, protocol=5)
+        pickle.loads(data)  # e.g. a custom __init__ with extra required arguments
+        return Payload(PICKLE, data)
     except Exception:
         fallback = RuntimeError(f"{type(exc).__name__}: {exc} (the exception was not picklable)")
         return Payload(PICKLE, pickle.dumps(fallback, protocol=5))

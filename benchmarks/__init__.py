@@ -1,0 +1,1 @@
+"""Benchmark suite comparing shoal with Dask distributed (see benchmarks/README.md)."""

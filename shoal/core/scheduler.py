@@ -1,0 +1,838 @@
+"""The scheduler state machine: pure, synchronous, deterministic.
+
+The server feeds it events (decoded messages, connections coming and going); it
+updates task, worker and client records through a table of transitions and writes
+the resulting messages to a :class:`~shoal.core.comm.Comm`.
+
+Transitions follow Dask's pattern: a transition function changes one task and
+returns *recommendations* (other tasks' next states), processed until none remain.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import pickle
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from shoal.core.comm import Comm
+from shoal.core.scheduler_model import (
+    ClientRecord,
+    TaskGroup,
+    TaskPrefix,
+    TaskState,
+    WorkerRecord,
+    key_split,
+)
+from shoal.core.story import InvalidState, InvalidTransition, StoryLog
+from shoal.protocol import messages as m
+from shoal.protocol.messages import Key, Payload
+from shoal.protocol.serialize import PICKLE
+
+Recs = dict[TaskState, str]
+
+QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
+MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
+BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
+
+
+def error_payload(exc: BaseException) -> Payload:
+    """An exception made by the scheduler itself (builtin types only)."""
+    return Payload(PICKLE, pickle.dumps(exc, protocol=5))
+
+
+class SchedulerState:
+    def __init__(self, comm: Comm, validate: bool = False):
+        self.comm = comm
+        self.validate = validate
+        self.tasks: dict[Key, TaskState] = {}
+        self.groups: dict[str, TaskGroup] = {}
+        self.prefixes: dict[str, TaskPrefix] = {}
+        self.workers: dict[str, WorkerRecord] = {}
+        self.clients: dict[str, ClientRecord] = {}
+        self.functions: dict[str, bytes] = {}
+        self.log = StoryLog()
+        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
+        self.nqueued = 0
+        self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
+        self._generation = itertools.count()
+        self.transition_counter = 0
+        self._table: dict[tuple[str, str], Callable[..., Recs]] = {
+            ("released", "waiting"): self._transition_released_waiting,
+            ("released", "forgotten"): self._transition_released_forgotten,
+            ("released", "erred"): self._transition_released_erred,
+            ("waiting", "queued"): self._transition_waiting_queued,
+            ("waiting", "processing"): self._transition_waiting_processing,
+            ("waiting", "released"): self._transition_waiting_released,
+            ("waiting", "erred"): self._transition_waiting_erred,
+            ("queued", "processing"): self._transition_queued_processing,
+            ("queued", "released"): self._transition_queued_released,
+            ("processing", "memory"): self._transition_processing_memory,
+            ("processing", "erred"): self._transition_processing_erred,
+            ("processing", "released"): self._transition_processing_released,
+            ("memory", "released"): self._transition_memory_released,
+            ("erred", "released"): self._transition_erred_released,
+        }
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _transition(self, ts: TaskState, finish: str, stimulus_id: str, **kwargs: Any) -> Recs:
+        start = ts.state
+        if start == finish:
+            return {}
+        func = self._table.get((start, finish))
+        if func is not None:
+            self.log.append((ts.key, start, finish, stimulus_id))
+            self.transition_counter += 1
+            return func(ts, stimulus_id, **kwargs)
+        # Two-step paths through "released" (e.g. memory -> forgotten).
+        if (start, "released") in self._table and ("released", finish) in self._table:
+            recs = self._transition(ts, "released", stimulus_id)
+            own = recs.pop(ts, None)
+            if ts.state == "released":
+                recs.update(self._transition(ts, finish, stimulus_id))
+                if ts.state == "released" and own is not None:
+                    recs[ts] = own  # e.g. still needed: not forgotten after all
+            return recs
+        raise InvalidTransition(ts.key, start, finish, self.log.story(ts.key))
+
+    def _transitions(self, recs: Recs, stimulus_id: str) -> None:
+        while recs:
+            ts, finish = recs.popitem()
+            if ts.state == "forgotten":
+                continue
+            recs.update(self._transition(ts, finish, stimulus_id))
+
+    def _done(self) -> None:
+        """End of one event: hand queued tasks to free threads, then check."""
+        if self.nqueued and self.free_workers:
+            self._schedule_queued("fill-queue")
+        if self.validate:
+            self.validate_state()
+
+    # ------------------------------------------------------------------ events: membership
+
+    def add_worker(
+        self, address: str, name: str, nthreads: int, memory_limit: int, stimulus_id: str
+    ) -> WorkerRecord:
+        if address in self.workers:
+            raise ValueError(f"a worker at {address} is already registered")
+        ws = WorkerRecord(address, name, nthreads, memory_limit)
+        self.workers[address] = ws
+        self.free_workers.add(ws)
+        self.log.append(("worker-added", address, stimulus_id))
+        # Tasks that could not be placed without workers may go now.
+        self._done()
+        return ws
+
+    def remove_worker(self, address: str, stimulus_id: str) -> None:
+        ws = self.workers.pop(address, None)
+        if ws is None:
+            return
+        self.free_workers.discard(ws)
+        self.log.append(("worker-removed", address, stimulus_id))
+        recs: Recs = {}
+        for ts in list(ws.processing):
+            self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
+            recs.update(self._transition(ts, "released", stimulus_id))
+        for ts in ws.has_what:
+            ts.who_has.discard(ws)
+            if not ts.who_has and ts.state == "memory":
+                recs[ts] = "released"
+        ws.has_what = set()
+        ws.nbytes = 0
+        self._transitions(recs, stimulus_id)
+        self._done()
+
+    def add_client(self, client_id: str) -> None:
+        if client_id not in self.clients:
+            self.clients[client_id] = ClientRecord(client_id)
+
+    def remove_client(self, client_id: str, stimulus_id: str) -> None:
+        cs = self.clients.pop(client_id, None)
+        if cs is None:
+            return
+        self._release_wants(cs, list(cs.wants), stimulus_id)
+        self._done()
+
+    # ------------------------------------------------------------------ events: clients
+
+    def handle_client(self, client_id: str, *msgs: m.Message) -> None:
+        """Apply a batch of messages from one client."""
+        cs = self.clients[client_id]
+        handlers = self._client_handlers
+        for msg in msgs:
+            handler = handlers.get(type(msg))
+            if handler is None:
+                raise TypeError(f"a client may not send {type(msg).__name__}")
+            handler(self, cs, msg)
+        self._done()
+
+    def _submit_tasks(self, cs: ClientRecord, msg: m.SubmitTasks) -> None:
+        stimulus_id = msg.stimulus_id
+        self.functions.update(msg.functions)
+        generation = next(self._generation)
+        tasks = self.tasks
+        new: list[tuple[TaskState, list[Key]]] = []
+        for i, spec in enumerate(msg.tasks):
+            ts = tasks.get(spec.key)
+            if ts is None:
+                ts = TaskState(
+                    spec.key,
+                    spec.func,
+                    spec.payload,
+                    self._group(spec.group or spec.key),
+                    (-spec.priority, generation, i),
+                    spec.retries,
+                )
+                tasks[spec.key] = ts
+                new.append((ts, spec.deps))
+            elif ts.payload is None and ts.state == "released":
+                ts.func, ts.payload = spec.func, spec.payload
+        recs: Recs = {}
+        for ts, deps in new:
+            missing = []
+            for dk in deps:
+                dts = tasks.get(dk)
+                if dts is None:
+                    missing.append(dk)
+                    continue
+                ts.dependencies.add(dts)
+                dts.dependents.add(ts)
+            if missing:
+                exc = ValueError(f"task {ts.key!r} depends on keys that exist nowhere: {missing!r}")
+                recs[ts] = "erred"
+                ts.exception = error_payload(exc)
+                ts.traceback = ""
+            else:
+                recs[ts] = "waiting"
+        for key in msg.wanted:
+            ts = tasks.get(key)
+            if ts is None:
+                self.comm.send_client(cs.id, m.KeyCancelled(key, "not submitted", stimulus_id))
+                continue
+            self._want(cs, ts, stimulus_id)
+            if ts.state == "released" and ts not in recs:
+                recs[ts] = "waiting"  # known but released: compute it again
+        self._transitions(recs, stimulus_id)
+
+    def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
+        ts.who_wants.add(cs)
+        cs.wants.add(ts)
+        if ts.state == "memory":
+            self.comm.send_client(
+                cs.id, m.KeyInMemory(ts.key, None, ts.type_name, stimulus_id=stimulus_id)
+            )
+        elif ts.state == "erred":
+            self._report_erred(ts, [cs], stimulus_id)
+
+    def _want_keys(self, cs: ClientRecord, msg: m.WantKeys) -> None:
+        recs: Recs = {}
+        for key in msg.keys:
+            ts = self.tasks.get(key)
+            if ts is None:
+                self.comm.send_client(
+                    cs.id, m.KeyCancelled(key, "unknown to the scheduler", msg.stimulus_id)
+                )
+                continue
+            self._want(cs, ts, msg.stimulus_id)
+            if ts.state == "released":
+                recs[ts] = "waiting"
+        self._transitions(recs, msg.stimulus_id)
+
+    def _release_keys(self, cs: ClientRecord, msg: m.ReleaseKeys) -> None:
+        tasks = [self.tasks[k] for k in msg.keys if k in self.tasks]
+        self._release_wants(cs, tasks, msg.stimulus_id)
+
+    def _release_wants(self, cs: ClientRecord, tasks: Iterable[TaskState], stimulus_id: str) -> None:
+        recs: Recs = {}
+        for ts in tasks:
+            ts.who_wants.discard(cs)
+            cs.wants.discard(ts)
+            if not ts.who_wants and not ts.waiters:
+                recs[ts] = "forgotten" if not ts.dependents else "released"
+        self._transitions(recs, stimulus_id)
+
+    def _cancel_keys(self, cs: ClientRecord, msg: m.CancelKeys) -> None:
+        # Cancelling a key cancels, for this client, everything built on it.
+        seen: set[TaskState] = set()
+        stack = [self.tasks[k] for k in msg.keys if k in self.tasks]
+        while stack:
+            ts = stack.pop()
+            if ts in seen:
+                continue
+            seen.add(ts)
+            stack.extend(ts.dependents)
+        cancelled = [ts for ts in seen if cs in ts.who_wants]
+        for ts in cancelled:
+            self.comm.send_client(cs.id, m.KeyCancelled(ts.key, "cancelled", msg.stimulus_id))
+        self._release_wants(cs, cancelled, msg.stimulus_id)
+
+    def _scatter_done(self, cs: ClientRecord, msg: m.ScatterDone) -> None:
+        ws = self.workers.get(msg.worker)
+        for key, nbytes in zip(msg.keys, msg.nbytes):
+            ts = self.tasks.get(key)
+            if ts is None:
+                ts = TaskState(key, "", None, self._group(key))
+                self.tasks[key] = ts
+            if ws is None:  # the worker left meanwhile: the data is gone
+                ts.who_wants.add(cs)
+                cs.wants.add(ts)
+                self._lost_data_error(ts, msg.stimulus_id)
+                continue
+            if ts.state in ("memory", "released"):
+                self._add_replica(ts, ws, nbytes)
+                if ts.state == "released":
+                    self._set_memory(ts, msg.stimulus_id)
+            else:  # a computed task of that key is on its way; keep the data as a replica
+                self.comm.send_worker(ws.address, m.FreeKeys([key], msg.stimulus_id))
+            self._want(cs, ts, msg.stimulus_id)
+
+    _client_handlers: dict[type, Callable[..., None]] = {
+        m.SubmitTasks: _submit_tasks,
+        m.ReleaseKeys: _release_keys,
+        m.CancelKeys: _cancel_keys,
+        m.WantKeys: _want_keys,
+        m.ScatterDone: _scatter_done,
+    }
+
+    # ------------------------------------------------------------------ events: workers
+
+    def handle_worker(self, address: str, *msgs: m.Message) -> None:
+        """Apply a batch of messages from one worker."""
+        ws = self.workers[address]
+        handlers = self._worker_handlers
+        for msg in msgs:
+            handler = handlers.get(type(msg))
+            if handler is None:
+                raise TypeError(f"a worker may not send {type(msg).__name__}")
+            handler(self, ws, msg)
+        self._done()
+
+    def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
+        ts = self.tasks.get(msg.key)
+        if ts is None or ts.processing_on is not ws:
+            self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
+            return
+        recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
+        self._transitions(recs, msg.stimulus_id)
+
+    def _stale_result(
+        self, ws: WorkerRecord, ts: TaskState | None, key: Key, nbytes: int, stimulus_id: str
+    ) -> None:
+        if ts is not None and ts.state == "memory":
+            self._add_replica(ts, ws, nbytes)
+        else:
+            self.comm.send_worker(ws.address, m.FreeKeys([key], stimulus_id))
+
+    def _task_erred(self, ws: WorkerRecord, msg: m.TaskErred) -> None:
+        ts = self.tasks.get(msg.key)
+        if ts is None or ts.processing_on is not ws:
+            self.comm.send_worker(ws.address, m.FreeKeys([msg.key], msg.stimulus_id))
+            return
+        if ts.retries > 0:
+            ts.retries -= 1
+            recs = self._transition(ts, "released", msg.stimulus_id)
+        else:
+            recs = self._transition(ts, "erred", msg.stimulus_id, msg=msg)
+        self._transitions(recs, msg.stimulus_id)
+
+    def _add_keys(self, ws: WorkerRecord, msg: m.AddKeys) -> None:
+        for key, nbytes in zip(msg.keys, msg.nbytes):
+            self._stale_result(ws, self.tasks.get(key), key, nbytes, msg.stimulus_id)
+
+    def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
+        """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
+        lost (the holders are told to drop them), recompute, and run the task again."""
+        recs: Recs = {}
+        for key in msg.missing:
+            dts = self.tasks.get(key)
+            if dts is None or dts.state != "memory":
+                continue
+            for holder in list(dts.who_has):
+                if holder is not ws:
+                    self._remove_replica(dts, holder)
+                    self.comm.send_worker(holder.address, m.FreeKeys([key], msg.stimulus_id))
+            if not dts.who_has:
+                recs[dts] = "released"
+        ts = self.tasks.get(msg.key)
+        if ts is not None and ts.processing_on is ws:
+            recs[ts] = "released"
+        self._transitions(recs, msg.stimulus_id)
+
+    _worker_handlers: dict[type, Callable[..., None]] = {
+        m.TaskFinished: _task_finished,
+        m.TaskErred: _task_erred,
+        m.AddKeys: _add_keys,
+        m.MissingData: _missing_data,
+    }
+
+    # ------------------------------------------------------------------ queries
+
+    def who_has(self, keys: Iterable[Key]) -> list[tuple[Key, list[str]]]:
+        out = []
+        for key in keys:
+            ts = self.tasks.get(key)
+            out.append((key, [ws.address for ws in ts.who_has] if ts is not None else []))
+        return out
+
+    def worker_infos(self) -> list[m.WorkerInfo]:
+        return [
+            m.WorkerInfo(
+                ws.address,
+                ws.name,
+                ws.host,
+                ws.nthreads,
+                ws.memory_limit,
+                len(ws.processing),
+                ws.nbytes,
+                ws.tasks_run,
+            )
+            for ws in self.workers.values()
+        ]
+
+    def story(self, *keys: Key) -> list[tuple[Any, ...]]:
+        return self.log.story(*keys)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _group(self, name: Any) -> TaskGroup:
+        if type(name) is tuple:
+            name = name[0] if name else ""
+        name = str(name)
+        tg = self.groups.get(name)
+        if tg is None:
+            pname = key_split(name)
+            tp = self.prefixes.get(pname)
+            if tp is None:
+                tp = self.prefixes[pname] = TaskPrefix(pname)
+            tp.ngroups += 1
+            tg = self.groups[name] = TaskGroup(name, tp)
+        return tg
+
+    def _needed(self, ts: TaskState) -> bool:
+        return bool(ts.who_wants or ts.waiters)
+
+    def _add_replica(self, ts: TaskState, ws: WorkerRecord, nbytes: int) -> None:
+        if ws not in ts.who_has:
+            ts.who_has.add(ws)
+            ws.has_what.add(ts)
+            ws.nbytes += nbytes
+        ts.nbytes = nbytes
+
+    def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None:
+        if ws in ts.who_has:
+            ts.who_has.discard(ws)
+            ws.has_what.discard(ts)
+            ws.nbytes -= ts.nbytes
+
+    def _set_memory(self, ts: TaskState, stimulus_id: str) -> None:
+        """A released task whose data arrived without being computed (scatter)."""
+        self.log.append((ts.key, ts.state, "memory", stimulus_id))
+        ts.state = "memory"
+        ts.group.nbytes += ts.nbytes
+        ts.prefix.nbytes += ts.nbytes
+
+    def _is_free(self, ws: WorkerRecord) -> bool:
+        n = len(ws.processing)
+        if n < ws.min_slots:
+            return True
+        return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
+
+    def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
+        ts.processing_on = ws
+        ws.processing.add(ts)
+        ts.estimate = est = ts.prefix.mean_duration
+        ws.occupancy += est
+        if not self._is_free(ws):
+            self.free_workers.discard(ws)
+
+    def _remove_processing(self, ts: TaskState) -> WorkerRecord | None:
+        ws = ts.processing_on
+        if ws is None:
+            return None
+        ts.processing_on = None
+        ws.processing.discard(ts)
+        ws.occupancy -= ts.estimate
+        if not ws.processing:
+            ws.occupancy = 0.0  # no drift from float sums
+        if ws.address in self.workers and self._is_free(ws):
+            self.free_workers.add(ws)
+        return ws
+
+    def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
+        if ts.func and ts.func not in ws.known_functions:
+            ws.known_functions.add(ts.func)
+            self.comm.send_worker(ws.address, m.FunctionDefs({ts.func: self.functions[ts.func]}))
+        deps = [
+            m.DepInfo(dts.key, dts.nbytes, [w.address for w in dts.who_has])
+            for dts in ts.dependencies
+        ]
+        assert ts.payload is not None
+        self.comm.send_worker(
+            ws.address,
+            m.ComputeTask(ts.key, ts.func, ts.payload, ts.priority, deps, stimulus_id),
+        )
+
+    def _decide_worker(self, ts: TaskState) -> WorkerRecord | None:
+        """Where the most dependency bytes already are; ties go to the least loaded.
+        Idle workers compete too, paying for the bytes they would have to fetch."""
+        if not self.workers:
+            return None
+        local: dict[WorkerRecord, int] = {}
+        total = 0
+        for dts in ts.dependencies:
+            nbytes = dts.nbytes
+            total += nbytes
+            for ws in dts.who_has:
+                local[ws] = local.get(ws, 0) + nbytes
+        candidates = set(local)
+        candidates.update(self.free_workers)
+        if not candidates:
+            candidates = set(self.workers.values())
+        best = None
+        best_cost: tuple[float, int, str] | None = None
+        for ws in candidates:
+            have = local.get(ws, 0)
+            cost = (
+                (total - have) / BANDWIDTH + ws.occupancy / ws.nthreads,
+                -have,
+                ws.address,
+            )
+            if best_cost is None or cost < best_cost:
+                best, best_cost = ws, cost
+        return best
+
+    def _schedule_queued(self, stimulus_id: str) -> None:
+        """Hand root tasks from the queue to workers with free capacity, best first."""
+        queue = self.queue
+        for ws in sorted(self.free_workers, key=lambda w: (len(w.processing) / w.nthreads, w.address)):
+            while queue and self._is_free(ws) and ws.address in self.workers:
+                _, ts = heapq.heappop(queue)
+                if ts.state != "queued":
+                    continue  # released while queued: a stale entry
+                self.nqueued -= 1
+                self.log.append((ts.key, "queued", "processing", stimulus_id))
+                self.transition_counter += 1
+                self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            if not queue:
+                break
+
+    def _report_erred(self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str) -> None:
+        blame = ts.exception_blame or ts
+        assert blame.exception is not None
+        for cs in clients:
+            self.comm.send_client(
+                cs.id,
+                m.KeyErred(
+                    ts.key,
+                    blame.exception,
+                    blame.traceback,
+                    blame.key if blame is not ts else None,
+                    stimulus_id,
+                ),
+            )
+
+    def _lost_data_error(self, ts: TaskState, stimulus_id: str) -> None:
+        exc = RuntimeError(
+            f"the data of {ts.key!r} was lost with the worker that held it and cannot be recomputed"
+        )
+        ts.exception = error_payload(exc)
+        ts.traceback = ""
+        self._transitions({ts: "erred"}, stimulus_id)
+
+    # ------------------------------------------------------------------ transitions
+
+    def _transition_released_waiting(self, ts: TaskState, stimulus_id: str) -> Recs:
+        if ts.payload is None:  # scattered data that is gone
+            self._lost_data_error(ts, stimulus_id)
+            return {}
+        ts.state = "waiting"
+        recs: Recs = {}
+        waiting_on = ts.waiting_on
+        for dts in ts.dependencies:
+            dts.waiters.add(ts)
+            state = dts.state
+            if state == "memory":
+                continue
+            if state == "erred":
+                ts.exception_blame = dts.exception_blame or dts
+                recs[ts] = "erred"
+                return recs
+            waiting_on.add(dts)
+            if state == "released":
+                recs[dts] = "waiting"
+        if not waiting_on:
+            recs[ts] = self._ready_state(ts)
+        return recs
+
+    def _ready_state(self, ts: TaskState) -> str:
+        return "queued" if not ts.dependencies or not self.workers else "processing"
+
+    def _transition_waiting_queued(self, ts: TaskState, stimulus_id: str) -> Recs:
+        ts.state = "queued"
+        heapq.heappush(self.queue, (ts.priority, ts))
+        self.nqueued += 1
+        return {}
+
+    def _transition_waiting_processing(self, ts: TaskState, stimulus_id: str) -> Recs:
+        ws = self._decide_worker(ts)
+        if ws is None:
+            return self._transition_waiting_queued(ts, stimulus_id)
+        ts.state = "processing"
+        self._add_processing(ts, ws)
+        self._send_compute(ts, ws, stimulus_id)
+        return {}
+
+    def _transition_queued_processing(
+        self, ts: TaskState, stimulus_id: str, ws: WorkerRecord | None = None
+    ) -> Recs:
+        if ws is None:
+            ws = self._decide_worker(ts)
+            if ws is None:
+                return {}
+        ts.state = "processing"
+        self._add_processing(ts, ws)
+        self._send_compute(ts, ws, stimulus_id)
+        return {}
+
+    def _forget_or_keep(self, ts: TaskState) -> Recs:
+        """After a task reaches released: run it again if needed, forget it if nothing
+        refers to it any more."""
+        if self._needed(ts):
+            return {ts: "waiting"}
+        if not ts.dependents:
+            return {ts: "forgotten"}
+        return {}
+
+    def _leave_dependencies(self, ts: TaskState) -> Recs:
+        """``ts`` no longer needs its dependencies' data."""
+        recs: Recs = {}
+        for dts in ts.dependencies:
+            dts.waiters.discard(ts)
+            if not dts.waiters and not dts.who_wants and dts.state != "released":
+                recs[dts] = "released"
+        ts.waiting_on.clear()
+        return recs
+
+    def _transition_waiting_released(self, ts: TaskState, stimulus_id: str) -> Recs:
+        ts.state = "released"
+        recs = self._leave_dependencies(ts)
+        recs.update(self._forget_or_keep(ts))
+        return recs
+
+    def _transition_queued_released(self, ts: TaskState, stimulus_id: str) -> Recs:
+        self.nqueued -= 1  # its heap entry is now stale and will be skipped
+        return self._transition_waiting_released(ts, stimulus_id)
+
+    def _transition_processing_released(self, ts: TaskState, stimulus_id: str) -> Recs:
+        ws = self._remove_processing(ts)
+        if ws is not None:
+            self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+        ts.state = "released"
+        recs: Recs = {}
+        if not self._needed(ts):
+            recs.update(self._leave_dependencies(ts))
+        else:
+            for dts in ts.dependencies:
+                dts.waiters.discard(ts)  # re-added on the way back to waiting
+        ts.waiting_on.clear()
+        recs.update(self._forget_or_keep(ts))
+        return recs
+
+    def _transition_processing_memory(
+        self, ts: TaskState, stimulus_id: str, msg: m.TaskFinished
+    ) -> Recs:
+        ws = self._remove_processing(ts)
+        assert ws is not None
+        ws.tasks_run += 1
+        duration = msg.stop - msg.start
+        ts.group.add_duration(duration)
+        ts.prefix.add_duration(duration)
+        ts.type_name = msg.type_name
+        self._add_replica(ts, ws, msg.nbytes)
+        ts.state = "memory"
+        ts.group.nbytes += msg.nbytes
+        ts.prefix.nbytes += msg.nbytes
+        recs: Recs = {}
+        for dts in ts.dependents:
+            if dts.state == "waiting":
+                dts.waiting_on.discard(ts)
+                if not dts.waiting_on:
+                    recs[dts] = self._ready_state(dts)
+        for dts in ts.dependencies:
+            dts.waiters.discard(ts)
+            if not dts.waiters and not dts.who_wants:
+                recs[dts] = "released"
+        if ts.who_wants:
+            note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
+            for cs in ts.who_wants:
+                self.comm.send_client(cs.id, note)
+        elif not ts.waiters:
+            recs[ts] = "released"
+        return recs
+
+    def _transition_memory_released(self, ts: TaskState, stimulus_id: str) -> Recs:
+        for ws in ts.who_has:
+            ws.has_what.discard(ts)
+            ws.nbytes -= ts.nbytes
+            self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+        ts.who_has.clear()
+        ts.state = "released"
+        ts.group.nbytes -= ts.nbytes
+        ts.prefix.nbytes -= ts.nbytes
+        recs: Recs = {}
+        for dts in ts.dependents:
+            state = dts.state
+            if state == "waiting":
+                dts.waiting_on.add(ts)
+            elif state in ("processing", "queued"):
+                recs[dts] = "released"  # it will wait for this one again
+        recs.update(self._forget_or_keep(ts))
+        return recs
+
+    def _transition_released_erred(self, ts: TaskState, stimulus_id: str) -> Recs:
+        return self._set_erred(ts, stimulus_id)
+
+    def _transition_waiting_erred(self, ts: TaskState, stimulus_id: str) -> Recs:
+        recs = self._leave_dependencies(ts)
+        recs.update(self._set_erred(ts, stimulus_id))
+        return recs
+
+    def _transition_processing_erred(
+        self, ts: TaskState, stimulus_id: str, msg: m.TaskErred | None = None
+    ) -> Recs:
+        ws = self._remove_processing(ts)
+        if msg is None:  # a dependency failed while this ran: the blame is already set
+            if ws is not None:
+                self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+        else:
+            ts.exception = msg.exception
+            ts.traceback = msg.traceback
+            ts.exception_blame = None
+        if msg is not None and msg.stop > msg.start:
+            ts.group.add_duration(msg.stop - msg.start)
+            ts.prefix.add_duration(msg.stop - msg.start)
+        recs = self._leave_dependencies(ts)
+        recs.update(self._set_erred(ts, stimulus_id))
+        return recs
+
+    def _set_erred(self, ts: TaskState, stimulus_id: str) -> Recs:
+        """Mark ``ts`` erred, tell the clients that want it, and pass the error on to
+        every dependent."""
+        ts.state = "erred"
+        if ts.exception is None and ts.exception_blame is None:
+            ts.exception = error_payload(RuntimeError(f"task {ts.key!r} erred"))
+        self._report_erred(ts, ts.who_wants, stimulus_id)
+        blame = ts.exception_blame or ts
+        recs: Recs = {}
+        for dts in ts.dependents:
+            if dts.state in ("waiting", "queued", "processing", "released"):
+                dts.exception_blame = blame
+                recs[dts] = "erred"
+        ts.waiters.clear()
+        if not ts.who_wants:
+            recs[ts] = "forgotten" if not ts.dependents else "released"
+        return recs
+
+    def _transition_erred_released(self, ts: TaskState, stimulus_id: str) -> Recs:
+        ts.state = "released"
+        ts.exception = None
+        ts.traceback = ""
+        ts.exception_blame = None
+        recs = self._forget_or_keep(ts)
+        if recs.get(ts) == "waiting":
+            recs.pop(ts)  # an erred task is not retried by a mere release
+        return recs
+
+    def _transition_released_forgotten(self, ts: TaskState, stimulus_id: str) -> Recs:
+        if ts.dependents or self._needed(ts):
+            return {}
+        ts.state = "forgotten"
+        del self.tasks[ts.key]
+        group = ts.group
+        group.alive -= 1
+        ts.prefix.alive -= 1
+        if group.alive == 0:
+            del self.groups[group.name]
+            group.prefix.ngroups -= 1
+        recs: Recs = {}
+        for dts in ts.dependencies:
+            dts.dependents.discard(ts)
+            dts.waiters.discard(ts)
+            if not dts.dependents and not self._needed(dts) and dts.state != "forgotten":
+                recs[dts] = "forgotten"
+        ts.dependencies.clear()
+        return recs
+
+    # ------------------------------------------------------------------ invariants
+
+    def validate_state(self) -> None:
+        def check(cond: bool, what: str, ts: TaskState | None = None) -> None:
+            if not cond:
+                story = self.log.story(ts.key)[-10:] if ts is not None else []
+                raise InvalidState(f"{what}: {ts!r}\n{story}")
+
+        counts: dict[str, dict[str, int]] = {}
+        nqueued = 0
+        for key, ts in self.tasks.items():
+            check(ts.key == key, "task filed under another key", ts)
+            st = ts.state
+            check(st != "forgotten", "forgotten task still held", ts)
+            c = counts.setdefault(ts.group.name, {})
+            c[st] = c.get(st, 0) + 1
+            for dts in ts.dependencies:
+                check(ts in dts.dependents, "dependency does not list its dependent", ts)
+                check(dts.key in self.tasks, "dependency was forgotten", ts)
+            for dts in ts.dependents:
+                check(ts in dts.dependencies, "dependent does not list its dependency", ts)
+            for dts in ts.waiters:
+                check(ts in dts.dependencies, "waiter is not a dependent", ts)
+                check(dts.state in ("waiting", "queued", "processing"), "idle waiter", dts)
+            if st in ("waiting", "queued", "processing"):
+                for dts in ts.dependencies:
+                    check(ts in dts.waiters, "dependency does not know it is needed", ts)
+            check((ts.processing_on is not None) == (st == "processing"), "processing_on", ts)
+            if st == "processing":
+                assert ts.processing_on is not None
+                check(ts in ts.processing_on.processing, "not in its worker's processing", ts)
+                check(ts.processing_on.address in self.workers, "processing on a gone worker", ts)
+            if st in ("processing", "queued"):
+                check(all(d.state == "memory" for d in ts.dependencies), "dependency missing", ts)
+            if st == "waiting":
+                check(bool(ts.waiting_on), "waiting on nothing", ts)
+                for dts in ts.dependencies:
+                    check((dts in ts.waiting_on) == (dts.state != "memory"), "waiting_on", ts)
+            else:
+                check(not ts.waiting_on, "waiting_on outside waiting", ts)
+            check(bool(ts.who_has) == (st == "memory"), "who_has vs memory", ts)
+            for ws in ts.who_has:
+                check(ts in ws.has_what, "holder does not list the key", ts)
+                check(ws.address in self.workers, "held by a gone worker", ts)
+            if st == "erred":
+                check(ts.exception is not None or ts.exception_blame is not None, "no error", ts)
+            if st == "queued":
+                nqueued += 1
+            for cs in ts.who_wants:
+                check(ts in cs.wants and cs.id in self.clients, "who_wants vs client", ts)
+            if st in ("released", "erred") and not ts.dependents:
+                check(self._needed(ts) or st == "erred", "released task should be forgotten", ts)
+        check(nqueued == self.nqueued, f"queue count {self.nqueued} != {nqueued}")
+        for name, tg in self.groups.items():
+            got = {s: n for s, n in tg.states.items() if n and s != "forgotten"}
+            check(got == counts.get(name, {}), f"group {name} counters {got} != {counts.get(name)}")
+        for cs in self.clients.values():
+            for ts in cs.wants:
+                check(cs in ts.who_wants and ts.key in self.tasks, "client wants a lost task", ts)
+        for ws in self.workers.values():
+            for ts in ws.processing:
+                check(ts.processing_on is ws, "worker processing a task placed elsewhere", ts)
+            for ts in ws.has_what:
+                check(ws in ts.who_has, "worker holds a key the task does not know", ts)
+            check(ws.nbytes == sum(t.nbytes for t in ws.has_what), f"nbytes of {ws.address}")
+            check(
+                abs(ws.occupancy - sum(t.estimate for t in ws.processing)) < 1e-6,
+                f"occupancy of {ws.address}",
+            )
+            check((ws in self.free_workers) == self._is_free(ws), f"free set: {ws.address}")

@@ -1,0 +1,217 @@
+"""The scheduler's records: tasks, their groups and prefixes, workers and clients.
+
+Group and prefix counters are maintained inside the ``TaskState.state`` setter, so
+every progress or dashboard query reads counters instead of scanning tasks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shoal.protocol.messages import Key, Payload
+
+TASK_STATES = ("released", "waiting", "queued", "processing", "memory", "erred", "forgotten")
+UNKNOWN_DURATION = 0.5  # seconds assumed for a prefix with no measurement yet (as Dask)
+
+_hex8 = re.compile(r"^[0-9a-f]{8}$")
+
+
+def key_split(name: Any) -> str:
+    """The prefix of a key or group name: ``"inc-1a2b3c4d"`` -> ``"inc"``,
+    ``("x-9f0e1d2c", 0, 1)`` -> ``"x"`` (Dask's convention)."""
+    if type(name) is tuple:
+        name = name[0] if name else ""
+    if type(name) is not str:
+        return str(name)
+    words = name.split("-")
+    first = words[0]
+    if first and not first[0].isalpha():
+        first = first.split(",")[0].strip("_'()\" ")
+    parts = [first]
+    for word in words[1:]:
+        if word.isalpha() and not (len(word) == 8 and _hex8.match(word)):
+            parts.append(word)
+        else:
+            break
+    return "-".join(parts)
+
+
+class Counters:
+    """Tasks per state, bytes in memory, and measured durations."""
+
+    __slots__ = ("name", "states", "nbytes", "duration_sum", "duration_count", "alive")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.states: dict[str, int] = dict.fromkeys(TASK_STATES, 0)
+        self.nbytes = 0
+        self.duration_sum = 0.0
+        self.duration_count = 0
+        self.alive = 0  # tasks not yet forgotten
+
+    def add_duration(self, seconds: float) -> None:
+        self.duration_sum += seconds
+        self.duration_count += 1
+
+    @property
+    def mean_duration(self) -> float:
+        if self.duration_count:
+            return self.duration_sum / self.duration_count
+        return UNKNOWN_DURATION
+
+
+class TaskPrefix(Counters):
+    """All tasks whose keys share a prefix, e.g. every ``inc``."""
+
+    __slots__ = ("ngroups",)
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.ngroups = 0
+
+
+class TaskGroup(Counters):
+    """The tasks of one operation, e.g. one ``client.map`` call or one dask layer."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, name: str, prefix: TaskPrefix):
+        super().__init__(name)
+        self.prefix = prefix
+
+
+class ClientRecord:
+    __slots__ = ("id", "wants")
+
+    def __init__(self, client_id: str):
+        self.id = client_id
+        self.wants: set[TaskState] = set()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.id}>"
+
+
+class WorkerRecord:
+    __slots__ = (
+        "address",
+        "name",
+        "host",
+        "nthreads",
+        "memory_limit",
+        "processing",
+        "has_what",
+        "nbytes",
+        "occupancy",
+        "known_functions",
+        "tasks_run",
+        "min_slots",
+    )
+
+    def __init__(self, address: str, name: str, nthreads: int, memory_limit: int):
+        self.address = address
+        self.name = name or address
+        self.host = parse_host(address)  # parsed once, here
+        self.nthreads = nthreads
+        self.memory_limit = memory_limit
+        self.processing: set[TaskState] = set()
+        self.has_what: set[TaskState] = set()
+        self.nbytes = 0
+        self.occupancy = 0.0  # expected seconds of work assigned and not yet reported
+        self.known_functions: set[str] = set()
+        self.tasks_run = 0
+        # Always allow a little more than one task per thread, so a thread never idles
+        # for a round trip to the scheduler (Dask's worker-saturation of 1.1).
+        self.min_slots = nthreads + max(1, nthreads // 10)
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.address} processing={len(self.processing)}>"
+
+
+def parse_host(address: str) -> str:
+    rest = address.split("://", 1)[-1]
+    if rest.startswith("["):
+        return rest[1 : rest.index("]")]
+    return rest.rsplit(":", 1)[0]
+
+
+class TaskState:
+    __slots__ = (
+        "key",
+        "_state",
+        "group",
+        "prefix",
+        "func",
+        "payload",
+        "dependencies",
+        "dependents",
+        "waiting_on",
+        "waiters",
+        "who_wants",
+        "who_has",
+        "processing_on",
+        "priority",
+        "retries",
+        "nbytes",
+        "estimate",
+        "exception",
+        "traceback",
+        "exception_blame",
+        "type_name",
+    )
+
+    def __init__(
+        self,
+        key: Key,
+        func: str,
+        payload: Payload | None,
+        group: TaskGroup,
+        priority: tuple[int, ...] = (0,),
+        retries: int = 0,
+    ):
+        self.key = key
+        self._state = "released"
+        self.group = group
+        self.prefix = group.prefix
+        self.func = func
+        self.payload = payload  # None: data with no way to recompute it (scattered)
+        self.dependencies: set[TaskState] = set()
+        self.dependents: set[TaskState] = set()
+        self.waiting_on: set[TaskState] = set()  # dependencies not yet in memory
+        self.waiters: set[TaskState] = set()  # dependents that still need this result
+        self.who_wants: set[ClientRecord] = set()
+        self.who_has: set[WorkerRecord] = set()
+        self.processing_on: WorkerRecord | None = None
+        self.priority = priority
+        self.retries = retries
+        self.nbytes = 0
+        self.estimate = 0.0  # the occupancy this task added to its worker
+        self.exception: Payload | None = None
+        self.traceback = ""
+        self.exception_blame: TaskState | None = None
+        self.type_name = ""
+        group.states["released"] += 1
+        group.prefix.states["released"] += 1
+        group.alive += 1
+        group.prefix.alive += 1
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        old = self._state
+        group = self.group
+        group.states[old] -= 1
+        group.states[value] += 1
+        prefix = self.prefix
+        prefix.states[old] -= 1
+        prefix.states[value] += 1
+        self._state = value
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self._state}>"
+
+    def __lt__(self, other: TaskState) -> bool:  # heap tie-breaks; priorities are unique
+        return self.priority < other.priority

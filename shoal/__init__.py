@@ -1,0 +1,23 @@
+"""shoal: a distributed task scheduler for Python.
+
+A scheduler keeps the task graph, workers run tasks and hold results, and a
+:class:`Client` submits work and gets :class:`Future` objects back.
+"""
+
+from shoal.client.client import Client
+from shoal.client.futures import CancelledError, Future, as_completed, wait
+from shoal.deploy.local import LocalCluster
+from shoal.protocol.serialize import SerializationError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelledError",
+    "Client",
+    "Future",
+    "LocalCluster",
+    "SerializationError",
+    "__version__",
+    "as_completed",
+    "wait",
+]

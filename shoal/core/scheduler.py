@@ -200,11 +200,13 @@ class SchedulerState:
                     continue
                 ts.dependencies.add(dts)
                 dts.dependents.add(ts)
-            if missing:
-                exc = ValueError(f"task {ts.key!r} depends on keys that exist nowhere: {missing!r}")
+            if missing or (ts.func and ts.func not in self.functions):
+                if missing:
+                    problem = f"depends on keys that exist nowhere: {missing!r}"
+                else:
+                    problem = f"names function {ts.func!r}, which its client never sent"
+                ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
                 recs[ts] = "erred"
-                ts.exception = error_payload(exc)
-                ts.traceback = ""
             else:
                 recs[ts] = "waiting"
         for key in msg.wanted:
@@ -245,7 +247,9 @@ class SchedulerState:
         tasks = [self.tasks[k] for k in msg.keys if k in self.tasks]
         self._release_wants(cs, tasks, msg.stimulus_id)
 
-    def _release_wants(self, cs: ClientRecord, tasks: Iterable[TaskState], stimulus_id: str) -> None:
+    def _release_wants(
+        self, cs: ClientRecord, tasks: Iterable[TaskState], stimulus_id: str
+    ) -> None:
         recs: Recs = {}
         for ts in tasks:
             ts.who_wants.discard(cs)
@@ -507,7 +511,9 @@ class SchedulerState:
     def _schedule_queued(self, stimulus_id: str) -> None:
         """Hand root tasks from the queue to workers with free capacity, best first."""
         queue = self.queue
-        for ws in sorted(self.free_workers, key=lambda w: (len(w.processing) / w.nthreads, w.address)):
+        for ws in sorted(
+            self.free_workers, key=lambda w: (len(w.processing) / w.nthreads, w.address)
+        ):
             while queue and self._is_free(ws) and ws.address in self.workers:
                 _, ts = heapq.heappop(queue)
                 if ts.state != "queued":
@@ -519,7 +525,9 @@ class SchedulerState:
             if not queue:
                 break
 
-    def _report_erred(self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str) -> None:
+    def _report_erred(
+        self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str
+    ) -> None:
         blame = ts.exception_blame or ts
         assert blame.exception is not None
         for cs in clients:

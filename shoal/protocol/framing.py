@@ -49,7 +49,9 @@ def encode_frame(
 ) -> list[bytes | memoryview]:
     """Return the pieces of one frame, ready for ``transport.writelines``."""
     if len(buffers) > MAX_BUFFERS:
-        raise ProtocolError(f"cannot send {len(buffers)} buffers in one frame (limit {MAX_BUFFERS})")
+        raise ProtocolError(
+            f"cannot send {len(buffers)} buffers in one frame (limit {MAX_BUFFERS})"
+        )
     body = _encoder.encode(messages)
     header = _HEADER.pack(MAGIC, len(buffers), len(body))
     if not buffers:
@@ -60,7 +62,7 @@ def encode_frame(
 
 def decode_body(body: bytes | memoryview) -> list[Message]:
     try:
-        return _decoder.decode(body)  # type: ignore[no-any-return]
+        return _decoder.decode(body)
     except msgspec.ValidationError as e:
         raise ProtocolError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:

@@ -20,11 +20,11 @@ PROTOCOL_VERSION = 1
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
 # tuples decode as tuples and every decoded key is hashable.
-_KeyAtom = Union[None, bool, int, float, str]
+_KeyAtom = None | bool | int | float | str
 _KeyTuple3 = tuple[_KeyAtom, ...]
-_KeyTuple2 = tuple[Union[_KeyAtom, _KeyTuple3], ...]
-_KeyTuple1 = tuple[Union[_KeyAtom, _KeyTuple2], ...]
-Key = Union[str, int, _KeyTuple1]
+_KeyTuple2 = tuple[_KeyAtom | _KeyTuple3, ...]
+_KeyTuple1 = tuple[_KeyAtom | _KeyTuple2, ...]
+Key = str | int | _KeyTuple1
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):

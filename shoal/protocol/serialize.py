@@ -59,6 +59,14 @@ def _plain(obj: Any, ref_types: dict[type, Callable[[Any], Key]] | None) -> bool
 
 # --- function table -----------------------------------------------------------------
 
+try:  # functions importable by name pickle as a short reference: no table entry needed
+    from cloudpickle.cloudpickle import _should_pickle_by_reference as _by_reference
+except ImportError:  # pragma: no cover - older or newer cloudpickle
+
+    def _by_reference(obj: Any) -> bool:
+        return obj.__module__ != "__main__" and "<" not in obj.__qualname__
+
+
 
 def function_id(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
@@ -144,7 +152,7 @@ def _pickle(
                 if deps is not None:
                     deps.append(key)
                 return ("k", key)
-            if functions is not None and t is types.FunctionType:
+            if functions is not None and t is types.FunctionType and not _by_reference(o):
                 return ("f", functions.register(o))
             return None
 

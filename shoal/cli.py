@@ -1,0 +1,160 @@
+"""Command line: ``shoal scheduler`` and ``shoal worker``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import click
+
+from shoal.client.loop import run
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def _stop_on_signals(stop: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+
+
+async def _watch_pid(pid: int, stop: Any) -> None:
+    """Stop when the process that started us is gone (LocalCluster's owner)."""
+    import psutil
+
+    while psutil.pid_exists(pid):
+        await asyncio.sleep(1.0)
+    stop()
+
+
+@click.group()
+def main() -> None:
+    """shoal: a distributed task scheduler for Python."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8786, show_default=True, help="Port to listen on (0: any free).")
+@click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Write the address here.")
+@click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
+@click.option("--watch-pid", type=int, help="Exit when this process exits.")
+@click.option("--log-level", default="warning", show_default=True)
+def scheduler(
+    host: str,
+    port: int,
+    scheduler_file: str | None,
+    validate: bool,
+    watch_pid: int | None,
+    log_level: str,
+) -> None:
+    """Start a scheduler and print its address."""
+    from shoal.server.scheduler import Scheduler
+
+    _setup_logging(log_level)
+
+    async def serve() -> None:
+        s = await Scheduler(host, port, validate=validate).start()
+        stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
+        _stop_on_signals(stop)
+        if scheduler_file:
+            s.write_scheduler_file(scheduler_file)
+        if watch_pid:
+            asyncio.ensure_future(_watch_pid(watch_pid, stop))
+        click.echo(f"shoal scheduler at {s.address}", err=True)
+        click.echo(s.address)
+        await s.finished()
+
+    run(serve())
+
+
+def _read_scheduler_file(path: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return str(json.load(f)["address"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            if time.monotonic() > deadline:
+                raise click.ClickException(
+                    f"no scheduler file at {path} after {timeout}s"
+                ) from None
+            time.sleep(0.05)
+
+
+@main.command()
+@click.argument("address", required=False)
+@click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Read the address here.")
+@click.option("--nthreads", default=1, show_default=True, help="Threads that run tasks.")
+@click.option("--name", default="", help="A name for this worker.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface for peers.")
+@click.option("--port", default=0, show_default=True, help="Port for peers (0: any free).")
+@click.option("--memory-limit", type=int, default=None, help="Bytes (default: total RAM).")
+@click.option("--zero", is_flag=True, help="Report every task done at once (benchmarks).")
+@click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
+@click.option(
+    "--timeout", default=60.0, show_default=True, help="Seconds to wait for the scheduler."
+)
+@click.option("--log-level", default="warning", show_default=True)
+def worker(
+    address: str | None,
+    scheduler_file: str | None,
+    nthreads: int,
+    name: str,
+    host: str,
+    port: int,
+    memory_limit: int | None,
+    zero: bool,
+    validate: bool,
+    timeout: float,
+    log_level: str,
+) -> None:
+    """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
+    from shoal.server.worker import Worker
+
+    _setup_logging(log_level)
+    if address is None:
+        if scheduler_file is None:
+            raise click.UsageError("give the scheduler's ADDRESS or --scheduler-file")
+        address = _read_scheduler_file(scheduler_file, timeout)
+    if nthreads < 1:
+        raise click.BadParameter(f"must be at least 1, not {nthreads}", param_hint="--nthreads")
+
+    async def serve() -> None:
+        w = Worker(
+            address,
+            nthreads,
+            name=name or f"{os.uname().nodename}-{os.getpid()}",
+            host=host,
+            port=port,
+            memory_limit=memory_limit,
+            zero=zero,
+            validate=validate,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await w.start()
+                break
+            except OSError as e:  # the scheduler may not be listening yet
+                if time.monotonic() > deadline:
+                    raise click.ClickException(str(e)) from None
+                await asyncio.sleep(0.2)
+        _stop_on_signals(lambda: asyncio.ensure_future(w.close()))
+        click.echo(f"shoal worker at {w.address}", err=True)
+        await w.finished()
+
+    run(serve())
+
+
+if __name__ == "__main__":
+    main()

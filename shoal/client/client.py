@@ -1,0 +1,697 @@
+"""The Client: submit work, hold futures, gather results.
+
+Serialisation happens in the caller's thread; everything that touches the
+connection happens on the client's event loop (a background thread for the
+synchronous API). Messages from other threads go through an ordered outbox that
+is flushed in one loop callback, so a burst of ``submit`` calls costs one wake-up
+and one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from shoal.client.futures import CancelledError, Future, FutureState
+from shoal.client.loop import LoopRunner
+from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.tcp import connect
+from shoal.protocol import messages as m
+from shoal.protocol.framing import Frame, ProtocolError
+from shoal.protocol.messages import Key
+from shoal.protocol.serialize import (
+    FunctionTable,
+    SerializationError,
+    dumps_task_args,
+    dumps_value,
+    loads_value,
+)
+
+logger = logging.getLogger("shoal.client")
+T = TypeVar("T")
+
+
+class Client:
+    """Connect to a scheduler (an address, a cluster object, or a new ``LocalCluster``
+    when none is given) and submit work to it."""
+
+    def __init__(
+        self,
+        address: Any = None,
+        *,
+        asynchronous: bool = False,
+        timeout: float = 30.0,
+        name: str = "",
+    ):
+        self.asynchronous = asynchronous
+        self.timeout = timeout
+        self.name = name or f"pid{os.getpid()}"
+        self.id = ""
+        self.cluster: Any = None
+        self._own_cluster = False
+        self._address_arg = address
+        self.scheduler_address = ""
+        self.status = "newly-created"
+        self._conn: Connection | None = None
+        self._functions = FunctionTable()
+        self._sent_functions: set[str] = set()
+        self._states: dict[Key, FutureState] = {}
+        self._refs: dict[Key, int] = {}
+        self._refs_lock = threading.Lock()
+        self._outbox: deque[m.Message] = deque()
+        self._outbox_lock = threading.Lock()
+        self._submit_lock = threading.Lock()
+        self._submits = itertools.count(1)
+        self._wakeup_scheduled = False
+        self._workers: dict[str, asyncio.Future[Connection]] = {}
+        self._callback_pool: ThreadPoolExecutor | None = None
+        self._scatter_rr = itertools.count()
+        self._runner: LoopRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ref_types: dict[type, Callable[[Any], Key]] = {Future: _future_key}
+        if not asynchronous:
+            self._runner = LoopRunner()
+            self._loop = self._runner.loop
+            try:
+                self._runner.run_sync(self._start(), timeout)
+            except BaseException:
+                self._runner.stop()
+                self._close_own_cluster()
+                raise
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def __await__(self) -> Any:
+        async def start() -> Client:
+            if self.status == "newly-created":
+                await self._start()
+            return self
+
+        return start().__await__()
+
+    async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        address = self._address_arg
+        if address is None:
+            from shoal.deploy.local import LocalCluster
+
+            self.cluster = await asyncio.to_thread(LocalCluster)
+            self._own_cluster = True
+            address = self.cluster.scheduler_address
+        elif not isinstance(address, str):
+            self.cluster = address
+            address = address.scheduler_address
+        self.scheduler_address = address
+        hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.name, pid=os.getpid())
+        self._conn, welcome = await connect(address, hello, timeout=self.timeout)
+        self.id = welcome.assigned
+        self._conn.on_close = self._scheduler_lost
+        self._conn.set_handler(self._on_frame)
+        self.status = "running"
+
+    def close(self) -> Any:
+        """Release every key this client holds and disconnect."""
+        if self.asynchronous:
+            return self._close_async()
+        if self.status == "closed":
+            return None
+        assert self._runner is not None
+        try:
+            self._runner.run_sync(self._close_async(), self.timeout)
+        finally:
+            self._runner.stop()
+            if self._callback_pool is not None:
+                self._callback_pool.shutdown(wait=False)
+            self._close_own_cluster()
+        return None
+
+    async def _close_async(self) -> None:
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        self._flush_outbox()
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            held = list(self._states)
+            if held:
+                conn.send(m.ReleaseKeys(held, stimulus_id=f"client-close-{self.id}"))
+            conn.close()
+        for fut in self._workers.values():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().close()
+        for st in self._states.values():
+            st.cancel("the client closed")
+        if self.asynchronous:
+            if self._callback_pool is not None:
+                self._callback_pool.shutdown(wait=False)
+            if self._own_cluster:
+                await asyncio.to_thread(self._close_own_cluster)
+
+    def _close_own_cluster(self) -> None:
+        if self._own_cluster and self.cluster is not None:
+            self.cluster.close()
+            self._own_cluster = False
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Client:
+        return await self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._close_async()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Client {self.id or '?'} scheduler={self.scheduler_address!r} status={self.status}>"
+        )
+
+    def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        reason = f"lost the scheduler: {conn.close_reason}"
+        logger.warning(reason)
+        for st in list(self._states.values()):
+            if not st.done():
+                st.cancel(reason)
+
+    # ---------------------------------------------------------------- threads and the loop
+
+    def _sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        assert self._runner is not None
+        return self._runner.run_sync(coro, timeout)
+
+    def _call_in_loop(self, fn: Callable[[], None]) -> None:
+        loop = self._loop
+        assert loop is not None
+        if self._runner is None or self._runner.in_loop_thread():
+            fn()
+        else:
+            loop.call_soon_threadsafe(fn)
+
+    def _send(self, msg: m.Message) -> None:
+        """Queue a message for the scheduler from any thread, keeping order."""
+        with self._outbox_lock:
+            self._outbox.append(msg)
+            if self._wakeup_scheduled:
+                return
+            self._wakeup_scheduled = True
+        loop = self._loop
+        assert loop is not None
+        if self._runner is None or self._runner.in_loop_thread():
+            loop.call_soon(self._flush_outbox)
+        else:
+            loop.call_soon_threadsafe(self._flush_outbox)
+
+    def _flush_outbox(self) -> None:
+        with self._outbox_lock:
+            self._wakeup_scheduled = False
+            msgs = list(self._outbox)
+            self._outbox.clear()
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        released: list[Key] = []
+        for msg in msgs:
+            if type(msg) is m.ReleaseKeys:  # merge runs of releases into one message
+                released.extend(msg.keys)
+                continue
+            if released:
+                conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+                released = []
+            conn.send(msg)
+        if released:
+            conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+
+    def _run_callback(self, fn: Callable[[Future], Any], future: Future) -> None:
+        if self._callback_pool is None:
+            self._callback_pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-callback")
+
+        def call() -> None:
+            try:
+                fn(future)
+            except Exception:
+                logger.exception("error in done-callback %r of %r", fn, future)
+
+        self._callback_pool.submit(call)
+
+    # ---------------------------------------------------------------- references
+
+    def _hold(self, key: Key, state: FutureState | None) -> FutureState:
+        with self._refs_lock:
+            self._refs[key] = self._refs.get(key, 0) + 1
+            st = self._states.get(key)
+            if st is None:
+                st = self._states[key] = state or FutureState(key)
+            return st
+
+    def _release(self, key: Key) -> None:
+        with self._refs_lock:
+            n = self._refs.get(key, 0) - 1
+            if n > 0:
+                self._refs[key] = n
+                return
+            self._refs.pop(key, None)
+            self._states.pop(key, None)
+        if self.status == "running":
+            self._send(m.ReleaseKeys([key]))
+
+    # ---------------------------------------------------------------- messages in
+
+    def _on_frame(self, conn: Connection, frame: Frame) -> None:
+        states = self._states
+        for msg in frame.messages:
+            t = type(msg)
+            if t is m.KeyInMemory:
+                st = states.get(msg.key)  # type: ignore[attr-defined]
+                if st is not None:
+                    if msg.value is not None:  # type: ignore[attr-defined]
+                        st.finish(loads_value(msg.value), True, msg.type_name)  # type: ignore[attr-defined]
+                    else:
+                        st.finish(type_name=msg.type_name)  # type: ignore[attr-defined]
+            elif t is m.KeyErred:
+                st = states.get(msg.key)  # type: ignore[attr-defined]
+                if st is not None:
+                    st.set_error(*_remote_exception(msg))  # type: ignore[arg-type]
+            elif t is m.KeyCancelled:
+                st = states.get(msg.key)  # type: ignore[attr-defined]
+                if st is not None:
+                    st.cancel(msg.reason)  # type: ignore[attr-defined]
+            else:
+                raise ProtocolError(f"the scheduler may not send {t.__name__} to a client")
+
+    # ---------------------------------------------------------------- submitting
+
+    def submit(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        key: Key | None = None,
+        pure: bool = True,
+        retries: int = 0,
+        priority: int = 0,
+        workers: Any = None,
+        resources: Any = None,
+        allow_other_workers: bool = False,
+        **kwargs: Any,
+    ) -> Future:
+        """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are
+        replaced by their results. ``pure=True`` names the task by its inputs, so the
+        same call twice gives the same key."""
+        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        if not callable(func):
+            raise TypeError(f"submit needs a callable, got {type(func).__name__}")
+        spec = self._task_spec(func, args, kwargs, key, pure, retries, priority, group="")
+        return self._submit([spec], [spec.key])[0]
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        *iterables: Iterable[Any],
+        key: str | list[Key] | None = None,
+        pure: bool = True,
+        retries: int = 0,
+        priority: int = 0,
+        workers: Any = None,
+        resources: Any = None,
+        allow_other_workers: bool = False,
+        **kwargs: Any,
+    ) -> list[Future]:
+        """``submit`` for each element of the iterables, in one message."""
+        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        if not callable(func):
+            raise TypeError(f"map needs a callable, got {type(func).__name__}")
+        arglists = list(zip(*iterables))
+        name = key if isinstance(key, str) else _funcname(func)
+        keys = key if isinstance(key, list) else None
+        if keys is not None and len(keys) != len(arglists):
+            raise ValueError(f"map got {len(keys)} keys for {len(arglists)} tasks")
+        group = f"{name}-{uuid.uuid4().hex[:8]}"
+        specs = [
+            self._task_spec(
+                func,
+                args,
+                kwargs,
+                keys[i] if keys else None,
+                pure,
+                retries,
+                priority,
+                group=group,
+                name=name,
+            )
+            for i, args in enumerate(arglists)
+        ]
+        return self._submit(specs, [s.key for s in specs])
+
+    def _task_spec(
+        self,
+        func: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        key: Key | None,
+        pure: bool,
+        retries: int,
+        priority: int,
+        group: str,
+        name: str | None = None,
+    ) -> m.TaskSpec:
+        # A partial is taken apart: its function goes to the table once, its bound
+        # arguments travel with the task (a partial per task must not mean a
+        # function-table entry per task).
+        while isinstance(func, functools.partial):
+            args = func.args + tuple(args)
+            kwargs = {**func.keywords, **kwargs}
+            func = func.func
+        fid = self._functions.register(func)
+        payload, deps = dumps_task_args(args, kwargs, self._ref_types, self._functions)
+        if key is None:
+            prefix = name or _funcname(func)
+            if pure:
+                h = hashlib.blake2b(payload.data, digest_size=12, key=fid.encode()[:64])
+                key = f"{prefix}-{h.hexdigest()}"
+            else:
+                key = f"{prefix}-{uuid.uuid4().hex}"
+        return m.TaskSpec(key, fid, payload, deps, group, priority, retries)
+
+    def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
+        if self.status != "running":
+            raise RuntimeError(f"the client is {self.status}")
+        futures = [Future(k, self) for k in keys]  # held before the message can be answered
+        seen: set[Key] = set()
+        unique = []
+        for s in specs:
+            if s.key not in seen:
+                seen.add(s.key)
+                unique.append(s)
+        # Under one lock: the message that first uses a function must carry its bytes,
+        # and must not be overtaken by another thread's message using it.
+        with self._submit_lock:
+            table = self._functions.bytes
+            functions = {}
+            if len(table) != len(self._sent_functions):
+                functions = {fid: table[fid] for fid in table.keys() - self._sent_functions}
+                self._sent_functions.update(functions)
+            self._send(
+                m.SubmitTasks(
+                    unique, list(seen), functions, stimulus_id=f"submit-{next(self._submits)}"
+                )
+            )
+        return futures
+
+    def cancel(self, futures: Iterable[Future] | Future) -> Any:
+        """Cancel futures (and, for this client, everything built on them)."""
+        fs = [futures] if isinstance(futures, Future) else list(futures)
+        keys = [f.key for f in fs]
+        states = [f._state for f in fs]
+
+        def mark() -> None:
+            for st in states:
+                st.cancel("cancelled")
+
+        self._call_in_loop(mark)
+        self._send(m.CancelKeys(keys, stimulus_id=f"cancel-{uuid.uuid4().hex[:8]}"))
+        if self.asynchronous:
+            return asyncio.sleep(0)
+        return None
+
+    # ---------------------------------------------------------------- gathering
+
+    def gather(self, futures: Any, errors: str = "raise") -> Any:
+        """The results of (a structure of lists, tuples and dicts of) futures."""
+        coro = self._gather_structure(futures, errors)
+        if self.asynchronous:
+            return coro
+        return self._sync(coro)
+
+    async def _gather_structure(self, futures: Any, errors: str) -> Any:
+        found: list[Future] = []
+        _collect(futures, found)
+        values = await self._gather_async(found, errors=errors)
+        by_key = {f.key: v for f, v in zip(found, values)}
+        return _rebuild(futures, by_key)
+
+    async def _gather_async(
+        self, futures: list[Future], errors: str = "raise", timeout: float | None = None
+    ) -> list[Any]:
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        async with asyncio.timeout(timeout):
+            values: dict[Key, Any] = {}
+            while True:
+                for f in futures:
+                    await f._state.wait_async()
+                for f in futures:
+                    st = f._state
+                    if st.status == "error" and errors == "raise":
+                        assert st.exception is not None
+                        raise st.exception.with_traceback(None)
+                    if st.status == "cancelled":
+                        raise CancelledError(f"{f.key!r} was cancelled") from None
+                need = [
+                    f._state
+                    for f in futures
+                    if f._state.status == "finished"
+                    and not f._state.has_value
+                    and f.key not in values
+                ]
+                lost = await self._fetch(need, values)
+                if not lost:
+                    break
+                for st in lost:  # the data went away with a worker: wait for the recompute
+                    st.reset()
+        out = []
+        for f in futures:
+            st = f._state
+            if st.status == "finished":
+                out.append(st.value if st.has_value else values[f.key])
+            elif errors == "raise":  # pragma: no cover - handled above
+                raise RuntimeError(f"{f.key!r} is {st.status}")
+        return out
+
+    async def _fetch(self, states: list[FutureState], values: dict[Key, Any]) -> list[FutureState]:
+        """Fetch from workers; return the states whose data no worker holds now."""
+        if not states:
+            return []
+        assert self._conn is not None
+        keys = list({st.key: None for st in states})
+        reply, _ = await self._conn.request(lambda rid: m.WhoHasRequest(rid, keys))
+        assert isinstance(reply, m.WhoHasReply)
+        by_worker: dict[str, list[Key]] = {}
+        lost_keys = set()
+        for key, workers in reply.who_has:
+            if workers:
+                by_worker.setdefault(workers[hash(key) % len(workers)], []).append(key)
+            else:
+                lost_keys.add(key)
+        results = await asyncio.gather(
+            *(self._get_from_worker(w, ks) for w, ks in by_worker.items()), return_exceptions=True
+        )
+        for (worker, ks), res in zip(by_worker.items(), results):
+            if isinstance(res, BaseException):
+                logger.info("could not fetch %d keys from %s: %s", len(ks), worker, res)
+                lost_keys.update(ks)  # ask again: the scheduler will know more by then
+                await asyncio.sleep(0.05)
+                continue
+            got, missing = res
+            values.update(got)
+            lost_keys.update(missing)
+        return [st for st in states if st.key in lost_keys and st.key not in values]
+
+    async def _get_from_worker(
+        self, address: str, keys: list[Key]
+    ) -> tuple[dict[Key, Any], list[Key]]:
+        conn = await self._worker_conn(address)
+        reply, buffers = await conn.request(lambda rid: m.GetData(rid, keys))
+        assert isinstance(reply, m.DataReply)
+        got: dict[Key, Any] = {}
+        cursor = 0
+        for key, payload in zip(reply.keys, reply.payloads):
+            got[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
+            cursor += payload.nbuffers
+        return got, list(reply.missing)
+
+    async def _worker_conn(self, address: str) -> Connection:
+        fut = self._workers.get(address)
+        if fut is not None and fut.done() and (fut.exception() or fut.result().closed):
+            fut = None
+        if fut is None:
+            fut = self._workers[address] = asyncio.ensure_future(self._connect_worker(address))
+        return await fut
+
+    async def _connect_worker(self, address: str) -> Connection:
+        hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.id)
+        conn, _ = await connect(address, hello, timeout=self.timeout)
+        return conn
+
+    # ---------------------------------------------------------------- scatter
+
+    def scatter(self, data: Any, hash: bool = True) -> Any:
+        """Place local data on workers; returns futures shaped like ``data`` (a list,
+        a dict keyed by the desired keys, or a single future)."""
+        coro = self._scatter_async(data, hash)
+        if self.asynchronous:
+            return coro
+        return self._sync(coro)
+
+    async def _scatter_async(self, data: Any, hash_keys: bool) -> Any:
+        if isinstance(data, dict):
+            items = list(data.items())
+        else:
+            seq = data if isinstance(data, list | tuple | set | frozenset) else [data]
+            items = []
+            for value in seq:
+                payload, buffers = dumps_value(value)
+                if hash_keys:
+                    h = hashlib.blake2b(payload.data, digest_size=12)
+                    for b in buffers:
+                        h.update(b)
+                    token = h.hexdigest()
+                else:
+                    token = uuid.uuid4().hex
+                items.append((f"{type(value).__name__}-{token}", value))
+        workers = await self._worker_addresses()
+        if not workers:
+            raise RuntimeError("no workers to scatter to")
+        placement: dict[str, list[tuple[Key, Any]]] = {}
+        for item in items:
+            placement.setdefault(workers[next(self._scatter_rr) % len(workers)], []).append(item)
+        futures: dict[Key, Future] = {}
+        for key, _ in items:
+            futures[key] = Future(key, self)
+        assert self._conn is not None
+        for worker, pairs in placement.items():
+            conn = await self._worker_conn(worker)
+            payloads, buffers = [], []
+            for _, value in pairs:
+                p, b = dumps_value(value)
+                payloads.append(p)
+                buffers.extend(b)
+            keys = [k for k, _ in pairs]
+            reply, _ = await conn.request(
+                lambda rid, keys=keys, payloads=payloads: m.UpdateData(rid, keys, payloads), buffers
+            )
+            assert isinstance(reply, m.Ack)
+            self._flush_outbox()  # keep order: earlier messages before the scatter note
+            self._conn.send(
+                m.ScatterDone(keys, reply.nbytes, worker, f"scatter-{uuid.uuid4().hex[:8]}")
+            )
+        for f in futures.values():
+            if not f.done():
+                f._state.finish()
+        if isinstance(data, dict):
+            return {k: futures[k] for k, _ in items}
+        if isinstance(data, list | tuple | set | frozenset):
+            out = [futures[k] for k, _ in items]
+            return type(data)(out) if isinstance(data, tuple) else out
+        return futures[items[0][0]]
+
+    # ---------------------------------------------------------------- introspection
+
+    async def _info(self) -> m.InfoReply:
+        assert self._conn is not None
+        reply, _ = await self._conn.request(lambda rid: m.InfoRequest(rid), timeout=self.timeout)
+        assert isinstance(reply, m.InfoReply)
+        return reply
+
+    async def _worker_addresses(self) -> list[str]:
+        return sorted(w.address for w in (await self._info()).workers)
+
+    def scheduler_info(self) -> Any:
+        """The scheduler's identity and its workers."""
+
+        async def info() -> dict[str, Any]:
+            r = await self._info()
+            return {
+                "id": r.scheduler_id,
+                "address": r.address,
+                "tasks": r.tasks,
+                "workers": {
+                    w.address: {
+                        "name": w.name,
+                        "host": w.host,
+                        "nthreads": w.nthreads,
+                        "memory_limit": w.memory_limit,
+                        "processing": w.processing,
+                        "nbytes": w.nbytes,
+                        "tasks_run": w.tasks_run,
+                    }
+                    for w in r.workers
+                },
+            }
+
+        return info() if self.asynchronous else self._sync(info())
+
+    def wait_for_workers(self, n_workers: int, timeout: float | None = None) -> Any:
+        async def waiting() -> None:
+            async with asyncio.timeout(timeout):
+                while len((await self._info()).workers) < n_workers:
+                    await asyncio.sleep(0.05)
+
+        return waiting() if self.asynchronous else self._sync(waiting())
+
+
+def _future_key(f: Future) -> Key:
+    return f.key
+
+
+def _funcname(func: Any) -> str:
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return "lambda" if name == "<lambda>" else str(name)
+
+
+def _unsupported(**options: Any) -> None:
+    for name, value in options.items():
+        if value not in (None, False):
+            raise NotImplementedError(f"the {name}= option is not supported yet")
+
+
+def _remote_exception(msg: m.KeyErred) -> tuple[BaseException, str]:
+    try:
+        exc = loads_value(msg.exception)
+    except Exception as e:  # the exception's class is not importable here
+        exc = RuntimeError(f"a task failed with an exception that cannot be loaded here: {e}")
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(repr(exc))
+    if msg.traceback and hasattr(exc, "add_note"):
+        exc.add_note(f"Remote traceback (most recent call last):\n{msg.traceback.rstrip()}")
+    return exc, msg.traceback
+
+
+def _collect(obj: Any, out: list[Future]) -> None:
+    if isinstance(obj, Future):
+        out.append(obj)
+    elif isinstance(obj, list | tuple | set | frozenset):
+        for x in obj:
+            _collect(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _collect(x, out)
+
+
+def _rebuild(obj: Any, values: dict[Key, Any]) -> Any:
+    if isinstance(obj, Future):
+        return values[obj.key]
+    if isinstance(obj, list):
+        return [_rebuild(x, values) for x in obj]
+    if isinstance(obj, tuple | set | frozenset):
+        return type(obj)(_rebuild(x, values) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, values) for k, v in obj.items()}
+    return obj
+
+
+__all__ = ["Client", "CommClosedError", "SerializationError"]

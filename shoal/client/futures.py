@@ -1,0 +1,322 @@
+"""Futures: handles on remote results, plus ``wait`` and ``as_completed``.
+
+A :class:`FutureState` per key is shared by every :class:`Future` of that key. It is
+changed only on the client's event loop; other threads wait on a lazily created
+``threading.Event`` (no lock on the hot path: the loop writes the status before it
+reads the event, a waiter writes the event before it re-reads the status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from shoal.protocol.messages import Key
+
+if TYPE_CHECKING:
+    from shoal.client.client import Client
+
+
+class CancelledError(Exception):
+    """The future was cancelled, or its client closed, before it finished."""
+
+
+class FutureState:
+    __slots__ = (
+        "key",
+        "status",
+        "value",
+        "has_value",
+        "exception",
+        "traceback",
+        "type_name",
+        "_event",
+        "_async_waiters",
+        "_callbacks",
+    )
+
+    def __init__(self, key: Key):
+        self.key = key
+        self.status = "pending"  # pending | finished | error | cancelled
+        self.value: Any = None
+        self.has_value = False  # the value came inline with the completion
+        self.exception: BaseException | None = None
+        self.traceback = ""
+        self.type_name = ""
+        self._event: threading.Event | None = None
+        self._async_waiters: list[asyncio.Future[None]] = []
+        self._callbacks: list[Callable[[], None]] = []
+
+    def done(self) -> bool:
+        return self.status != "pending"
+
+    # --- called on the loop ---------------------------------------------------------
+
+    def _wake(self) -> None:
+        ev = self._event
+        if ev is not None:
+            ev.set()
+        waiters, self._async_waiters = self._async_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb()
+
+    def finish(self, value: Any = None, has_value: bool = False, type_name: str = "") -> None:
+        self.value, self.has_value, self.type_name = value, has_value, type_name
+        self.status = "finished"
+        self._wake()
+
+    def set_error(self, exception: BaseException, traceback: str) -> None:
+        self.exception, self.traceback = exception, traceback
+        self.status = "error"
+        self._wake()
+
+    def cancel(self, reason: str) -> None:
+        if self.status in ("pending", "finished"):
+            self.exception = CancelledError(f"{self.key!r}: {reason}")
+            self.value, self.has_value = None, False
+            self.status = "cancelled"
+            self._wake()
+
+    def reset(self) -> None:
+        """The result was lost and is being recomputed."""
+        self.status = "pending"
+        self.value, self.has_value = None, False
+        if self._event is not None:
+            self._event.clear()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop once done (at once if done already)."""
+        if self.done():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    async def wait_async(self) -> None:
+        while not self.done():
+            w = asyncio.get_running_loop().create_future()
+            self._async_waiters.append(w)
+            await w
+
+    # --- called from any thread -----------------------------------------------------
+
+    def wait_sync(self, timeout: float | None) -> bool:
+        if self.done():
+            return True
+        if self._event is None:
+            self._event = threading.Event()
+        if self.done():
+            return True
+        return self._event.wait(timeout)
+
+
+class Future:
+    """A remote result that is, or will be, held by a worker."""
+
+    __slots__ = ("key", "client", "_state", "__weakref__")
+
+    def __init__(self, key: Key, client: Client, state: FutureState | None = None):
+        self.key = key
+        self.client = client
+        self._state = client._hold(key, state)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.done()
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The value; re-raises the task's exception with its remote traceback."""
+        if self.client.asynchronous:
+            return self._result_async(timeout)
+        st = self._state
+        if not st.wait_sync(timeout):
+            raise TimeoutError(f"{self.key!r} not done within {timeout}s")
+        if st.status == "finished" and st.has_value:
+            return st.value
+        return self.client._sync(self._result_async(timeout))
+
+    async def _result_async(self, timeout: float | None = None) -> Any:
+        (value,) = await self.client._gather_async([self], timeout=timeout)
+        return value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._state.wait_sync(timeout):
+            raise TimeoutError(f"{self.key!r} not done within {timeout}s")
+        return self._state.exception if self._state.status == "error" else None
+
+    def traceback(self, timeout: float | None = None) -> str:
+        self.exception(timeout)
+        return self._state.traceback
+
+    def cancel(self) -> None:
+        self.client.cancel([self])
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """Call ``fn(future)`` in a separate thread once this future is done."""
+        client, st = self.client, self._state
+        client._call_in_loop(lambda: st.on_done(lambda: client._run_callback(fn, self)))
+
+    def __await__(self) -> Any:
+        return self._result_async().__await__()
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 - cheaper than contextlib.suppress, and runs per future
+            self.client._release(self.key)
+        except Exception:  # interpreter shutdown, closed loop: nothing left to release
+            pass
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a shoal Future can be passed as a task argument, but not pickled on its own"
+        )
+
+    def __repr__(self) -> str:
+        st = self._state
+        extra = f", type: {st.type_name}" if st.type_name else ""
+        return f"<Future: {st.status}{extra}, key: {self.key!r}>"
+
+
+class DoneAndNotDoneFutures(NamedTuple):
+    done: set[Future]
+    not_done: set[Future]
+
+
+def _futures_of(fs: Any) -> list[Future]:
+    if isinstance(fs, Future):
+        return [fs]
+    if isinstance(fs, dict):
+        fs = fs.values()
+    return [f for f in fs if isinstance(f, Future)]
+
+
+def wait(
+    fs: Future | Iterable[Future], timeout: float | None = None, return_when: str = "ALL_COMPLETED"
+) -> Any:
+    """Wait until all (or the first of) ``fs`` are done; returns ``(done, not_done)``.
+    With an asynchronous client this returns an awaitable."""
+    futures = _futures_of(fs)
+    if not futures:
+        return DoneAndNotDoneFutures(set(), set())
+    client = futures[0].client
+    coro = _wait_async(futures, timeout, return_when)
+    if client.asynchronous:
+        return coro
+    return client._sync(coro)
+
+
+async def _wait_async(futures: list[Future], timeout: float | None, return_when: str) -> Any:
+    if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"):
+        raise ValueError(f"unknown return_when {return_when!r}")
+    pending = {f._state for f in futures if not f.done()}
+    if pending:
+        tasks = [asyncio.ensure_future(st.wait_async()) for st in pending]
+        mode = {
+            "ALL_COMPLETED": asyncio.ALL_COMPLETED,
+            "FIRST_COMPLETED": asyncio.FIRST_COMPLETED,
+            "FIRST_EXCEPTION": asyncio.FIRST_COMPLETED,
+        }[return_when]
+        try:
+            if return_when == "FIRST_EXCEPTION":
+                remaining = set(tasks)
+                async with asyncio.timeout(timeout):
+                    while remaining:
+                        _, remaining = await asyncio.wait(remaining, return_when=mode)
+                        if any(f.status == "error" for f in futures):
+                            break
+            else:
+                _, not_done = await asyncio.wait(tasks, timeout=timeout, return_when=mode)
+                if not_done and return_when == "ALL_COMPLETED":
+                    raise TimeoutError(f"{len(not_done)} futures not done within {timeout}s")
+        finally:
+            for t in tasks:
+                t.cancel()
+    done = {f for f in futures if f.done()}
+    return DoneAndNotDoneFutures(done, {f for f in futures if not f.done()})
+
+
+class as_completed:
+    """Iterate over futures in the order they finish; ``add`` more while iterating.
+
+    ``with_results=True`` yields ``(future, result)`` pairs (errors raise unless
+    ``raise_errors=False``, which yields the exception as the result)."""
+
+    def __init__(
+        self,
+        futures: Iterable[Future] = (),
+        with_results: bool = False,
+        raise_errors: bool = True,
+    ):
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        self._queue: queue.SimpleQueue[Future] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._count = 0
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._count += 1
+        client, st = future.client, future._state
+        client._call_in_loop(lambda: st.on_done(lambda: self._queue.put(future)))
+
+    def update(self, futures: Iterable[Future]) -> None:
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        with self._lock:
+            return self._count
+
+    def is_empty(self) -> bool:
+        return self.count() == 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._count == 0:
+                raise StopIteration
+            self._count -= 1
+        future = self._queue.get()
+        return self._item(future)
+
+    def _item(self, future: Future) -> Any:
+        if not self.with_results:
+            return future
+        if future.status == "error" and not self.raise_errors:
+            return future, future._state.exception
+        return future, future.result()
+
+    def __aiter__(self) -> as_completed:
+        return self
+
+    async def __anext__(self) -> Any:
+        with self._lock:
+            if self._count == 0:
+                raise StopAsyncIteration
+            self._count -= 1
+        while True:
+            try:
+                future = self._queue.get_nowait()
+                break
+            except queue.Empty:
+                await asyncio.sleep(0.001)
+        if self.with_results:
+            if future.status == "error" and not self.raise_errors:
+                return future, future._state.exception
+            return future, await future._result_async()
+        return future

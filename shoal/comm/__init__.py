@@ -1,0 +1,1 @@
+"""Transports: framed connections over TCP, and the handshake."""

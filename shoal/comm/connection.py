@@ -1,0 +1,229 @@
+"""A framed connection over an asyncio transport.
+
+Outgoing messages are queued and written as one frame at the end of the current
+loop iteration: a lone message goes out at once (no timer), while everything
+produced by handling one batch shares a frame. Incoming frames are decoded by the
+pure :class:`~shoal.protocol.framing.FrameDecoder`; a protocol violation closes this
+connection only, after telling the peer why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from shoal.protocol import messages as m
+from shoal.protocol.framing import (
+    DEFAULT_MAX_FRAME,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
+
+logger = logging.getLogger("shoal.comm")
+
+FrameHandler = Callable[["Connection", Frame], None]
+_REPLIES = (m.DataReply, m.Ack, m.WhoHasReply, m.InfoReply)
+
+
+class CommClosedError(ConnectionError):
+    """The connection closed before the operation could finish."""
+
+
+class Connection(asyncio.Protocol):
+    _ids = itertools.count(1)
+
+    def __init__(
+        self, on_frame: FrameHandler | None = None, max_frame_size: int = DEFAULT_MAX_FRAME
+    ):
+        self.on_frame = on_frame
+        self.on_close: Callable[[Connection, BaseException | None], None] | None = None
+        self.decoder = FrameDecoder(max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.closed = False
+        self.close_reason: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self._out: list[m.Message] = []
+        self._out_buffers: list[Any] = []
+        self._flush_scheduled = False
+        self._pending: dict[int, asyncio.Future[tuple[m.Message, list[memoryview]]]] = {}
+        self._request_ids = itertools.count(1)
+        self._paused: asyncio.Future[None] | None = None
+        self._inbox: asyncio.Queue[Frame] | None = None  # used until a handler is set
+        self.info: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as e:
+            self.abort(f"protocol error from {self.peer}: {e}")
+            return
+        for frame in frames:
+            if self.closed:
+                return
+            self._dispatch(frame)
+
+    def _dispatch(self, frame: Frame) -> None:
+        msgs = frame.messages
+        if self._pending and any(type(msg) in _REPLIES for msg in msgs):
+            frame = self._resolve_replies(frame)
+            if not frame.messages:
+                return
+        if self.on_frame is None:
+            if self._inbox is None:
+                self._inbox = asyncio.Queue()
+            self._inbox.put_nowait(frame)
+            return
+        try:
+            self.on_frame(self, frame)
+        except ProtocolError as e:
+            self.abort(f"protocol error from {self.peer}: {e}")
+        except Exception as e:
+            logger.exception("error handling a message from %s", self.peer)
+            self.abort(f"error handling a message: {type(e).__name__}: {e}")
+
+    def _resolve_replies(self, frame: Frame) -> Frame:
+        rest: list[m.Message] = []
+        cursor = 0
+        for msg in frame.messages:
+            nbuf = (
+                sum(p.nbuffers for p in msg.payloads)
+                if isinstance(msg, m.DataReply | m.UpdateData)
+                else 0
+            )
+            bufs = frame.buffers[cursor : cursor + nbuf]
+            cursor += nbuf
+            fut = self._pending.pop(msg.request_id, None) if type(msg) in _REPLIES else None  # type: ignore[attr-defined]
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result((msg, bufs))
+            else:
+                rest.append(msg)
+        return Frame(rest, frame.buffers if rest else [])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.close_reason is None:
+            self.close_reason = f"connection to {self.peer} closed" + (f": {exc}" if exc else "")
+        err = CommClosedError(self.close_reason)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_exception(err)
+        if self._inbox is not None:
+            self._inbox.put_nowait(Frame([], []))  # wake a reader
+        if self.on_close is not None:
+            try:
+                self.on_close(self, exc)
+            except Exception:
+                logger.exception("error in close handler for %s", self.peer)
+
+    def pause_writing(self) -> None:
+        if self._paused is None or self._paused.done():
+            self._paused = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    # ---------------------------------------------------------------- sending
+
+    def send(self, msg: m.Message, buffers: list[Any] | None = None) -> None:
+        if self.closed:
+            return
+        self._out.append(msg)
+        if buffers:
+            self._out_buffers.extend(buffers)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.closed or self.transport is None:
+            return
+        out, bufs = self._out, self._out_buffers
+        self._out, self._out_buffers = [], []
+        self.transport.writelines(encode_frame(out, bufs))
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if self._paused is not None and not self._paused.done():
+            await self._paused
+
+    async def request(
+        self,
+        make: Callable[[int], m.Message],
+        buffers: list[Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[m.Message, list[memoryview]]:
+        """Send the message ``make(request_id)`` and wait for the reply carrying that id."""
+        if self.closed:
+            raise CommClosedError(self.close_reason or "connection closed")
+        rid = next(self._request_ids)
+        fut: asyncio.Future[tuple[m.Message, list[memoryview]]] = self._loop.create_future()
+        self._pending[rid] = fut
+        self.send(make(rid), buffers)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pending.pop(rid, None)
+
+    async def read_frame(self, timeout: float | None = None) -> Frame:
+        """Read one frame directly (only while no ``on_frame`` handler is set)."""
+        if self._inbox is None:
+            self._inbox = asyncio.Queue()
+        if self._inbox.empty() and self.closed:
+            raise CommClosedError(self.close_reason or "connection closed")
+        frame = await asyncio.wait_for(self._inbox.get(), timeout)
+        if not frame.messages and self.closed:
+            raise CommClosedError(self.close_reason or "connection closed")
+        return frame
+
+    def set_handler(self, on_frame: FrameHandler) -> None:
+        """Install the frame handler; frames that arrived meanwhile are handled first."""
+        self.on_frame = on_frame
+        inbox, self._inbox = self._inbox, None
+        while inbox is not None and not inbox.empty():
+            frame = inbox.get_nowait()
+            if frame.messages:
+                self._dispatch(frame)
+
+    def abort(self, reason: str) -> None:
+        """Tell the peer why, then close."""
+        if self.closed:
+            return
+        logger.warning("closing connection to %s: %s", self.peer, reason)
+        self.close_reason = reason
+        self._out.clear()
+        self._out_buffers.clear()
+        self._out.append(m.Refused(reason[:2000]))
+        self.flush()
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()
+            self.transport.close()
+        self.closed = True

@@ -1,0 +1,1 @@
+"""Ways to stand up a cluster: LocalCluster on one machine."""

@@ -1,0 +1,268 @@
+"""LocalCluster: a scheduler and workers on this machine.
+
+``processes=True`` (the default) starts the scheduler and each worker as its own
+process, exactly as ``shoal scheduler`` / ``shoal worker`` would; ``processes=False``
+runs them all on one background event loop in this process (tests, notebooks).
+Every listener binds to loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+import psutil
+
+from shoal.client.loop import LoopRunner, run
+
+_live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        n_workers: int | None = None,
+        threads_per_worker: int | None = None,
+        processes: bool = True,
+        host: str = "127.0.0.1",
+        timeout: float = 60.0,
+        validate: bool = False,
+    ):
+        ncores = os.cpu_count() or 1
+        if n_workers is None:
+            n_workers = max(1, ncores // (threads_per_worker or 1)) if processes else 1
+            n_workers = min(n_workers, 8)
+        if threads_per_worker is None:
+            threads_per_worker = max(1, ncores // n_workers) if n_workers else 1
+        if n_workers < 0 or threads_per_worker < 1:
+            raise ValueError("n_workers must be >= 0 and threads_per_worker >= 1")
+        self.n_workers = n_workers
+        self.threads_per_worker = threads_per_worker
+        self.processes = processes
+        self.host = host
+        self.timeout = timeout
+        self.validate = validate
+        self.scheduler_address = ""
+        self.status = "starting"
+        self._dir = tempfile.mkdtemp(prefix="shoal-cluster-")
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._runner: LoopRunner | None = None
+        self._scheduler: Any = None
+        self._workers: list[Any] = []
+        _live.add(self)
+        try:
+            if processes:
+                self._start_processes()
+            else:
+                self._start_in_process()
+        except BaseException:
+            self.close()
+            raise
+        self.status = "running"
+
+    # ---------------------------------------------------------------- processes
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Workers import the caller's modules by name: give them the same path.
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+        return env
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal", *args],
+            env=self._child_env(),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C in the terminal is ours to handle
+        )
+        self._procs.append(proc)
+        return proc
+
+    def _start_processes(self) -> None:
+        sched_file = os.path.join(self._dir, "scheduler.json")
+        self._spawn(
+            "scheduler",
+            "--host",
+            self.host,
+            "--port",
+            "0",
+            "--scheduler-file",
+            sched_file,
+            "--watch-pid",
+            str(os.getpid()),
+            *(["--validate"] if self.validate else []),
+        )
+        deadline = time.monotonic() + self.timeout
+        while not os.path.exists(sched_file):
+            if self._procs[0].poll() is not None:
+                raise RuntimeError(f"the scheduler exited with code {self._procs[0].returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler did not start within {self.timeout}s")
+            time.sleep(0.01)
+        with open(sched_file) as f:
+            self.scheduler_address = json.load(f)["address"]
+        for i in range(self.n_workers):
+            self._spawn_worker(i)
+        self.wait_for_workers(self.n_workers, max(1.0, deadline - time.monotonic()))
+
+    def _spawn_worker(self, i: int) -> None:
+        self._spawn(
+            "worker",
+            self.scheduler_address,
+            "--nthreads",
+            str(self.threads_per_worker),
+            "--name",
+            f"{i}",
+            "--host",
+            self.host,
+            *(["--validate"] if self.validate else []),
+        )
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers have joined the scheduler."""
+        from shoal.comm.tcp import connect
+        from shoal.protocol import messages as m
+
+        async def count() -> int:
+            hello = m.Hello(m.PROTOCOL_VERSION, "client", name="local-cluster", subscribe=False)
+            conn, _ = await connect(self.scheduler_address, hello)
+            try:
+                reply, _ = await conn.request(lambda rid: m.InfoRequest(rid), timeout=10)
+                assert isinstance(reply, m.InfoReply)
+                return len(reply.workers)
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        while True:
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"a cluster process exited with code {dead[0].returncode}")
+            if _in_thread(lambda: run(count())) >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {n} workers joined within the timeout")
+            time.sleep(0.02)
+
+    # ---------------------------------------------------------------- one process
+
+    def _start_in_process(self) -> None:
+        from shoal.server.scheduler import Scheduler
+        from shoal.server.worker import Worker
+
+        self._runner = LoopRunner(name="shoal-local-cluster")
+
+        async def start() -> None:
+            self._scheduler = await Scheduler(self.host, 0, validate=self.validate).start()
+            self.scheduler_address = self._scheduler.address
+            for i in range(self.n_workers):
+                w = Worker(
+                    self.scheduler_address,
+                    self.threads_per_worker,
+                    name=str(i),
+                    host=self.host,
+                    validate=self.validate,
+                )
+                self._workers.append(await w.start())
+
+        self._runner.run_sync(start(), self.timeout)
+
+    # ---------------------------------------------------------------- closing
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs[1:]]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every worker and the scheduler; no process is left behind."""
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        if self._runner is not None:
+
+            async def stop() -> None:
+                for w in self._workers:
+                    await w.close()
+                if self._scheduler is not None:
+                    await self._scheduler.close()
+
+            try:
+                self._runner.run_sync(stop(), timeout)
+            finally:
+                self._runner.stop()
+        workers, scheduler = self._procs[1:], self._procs[:1]
+        _terminate(workers, timeout)  # workers first, so none reports a lost scheduler
+        _terminate(scheduler, timeout)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
+            f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
+        )
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for child in _children(p.pid):
+                child.kill()
+            p.kill()
+            p.wait()
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _in_thread(fn: Any) -> Any:
+    """Run ``fn`` in a helper thread: the caller may itself be inside an event loop."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:
+            error.append(e)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_live):
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=3)

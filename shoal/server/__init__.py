@@ -1,0 +1,1 @@
+"""Thin asyncio shells around the core state machines: scheduler and worker."""

@@ -1,0 +1,348 @@
+"""The worker process: runs tasks in a thread pool, serves its data to peers.
+
+Decisions belong to :class:`~shoal.core.worker_state.WorkerState`; this shell turns
+messages and thread results into events, and carries out the instructions: run a
+task on a thread, fetch data from a peer, send a message to the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+import psutil
+
+from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
+from shoal.core.worker_state import (
+    Execute,
+    ExecuteFailure,
+    ExecuteSuccess,
+    GatherDep,
+    GatherFailure,
+    GatherSuccess,
+    SendMessage,
+    UpdateDataEvent,
+    WorkerState,
+)
+from shoal.protocol import messages as m
+from shoal.protocol.framing import Frame, ProtocolError
+from shoal.protocol.serialize import (
+    FunctionCache,
+    dumps_exception,
+    dumps_inline,
+    dumps_value,
+    loads_task_args,
+    loads_value,
+    sizeof,
+)
+
+logger = logging.getLogger("shoal.worker")
+
+GATHER_TIMEOUT = 60.0
+
+
+class Worker:
+    def __init__(
+        self,
+        scheduler_address: str,
+        nthreads: int = 1,
+        name: str = "",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        memory_limit: int | None = None,
+        zero: bool = False,
+        validate: bool = False,
+    ):
+        if nthreads < 1:
+            raise ValueError(f"nthreads must be at least 1, not {nthreads}")
+        self.scheduler_address = scheduler_address
+        self.nthreads = nthreads
+        self.name = name
+        self.host = host
+        self.port = port
+        self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
+        self.zero = zero  # report every task done at once: measures scheduler overhead
+        self.validate = validate
+        self.address = ""
+        self.id = f"worker-{uuid.uuid4().hex[:12]}"
+        self.state: WorkerState | None = None
+        self.functions = FunctionCache()
+        self.scheduler: Connection | None = None
+        self._server: asyncio.Server | None = None
+        self._peers: dict[str, asyncio.Future[Connection]] = {}
+        self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._results: list[Any] = []
+        self._results_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.Event()
+        self._stimulus = itertools.count(1)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> Worker:
+        self._loop = asyncio.get_running_loop()
+        self._server, self.address = await listen(self.host, self.port, self._accept_peer)
+        self.state = WorkerState(self.nthreads, self.address, validate=self.validate)
+        hello = m.Hello(
+            m.PROTOCOL_VERSION,
+            "worker",
+            name=self.name,
+            address=self.address,
+            nthreads=self.nthreads,
+            memory_limit=self.memory_limit,
+            pid=os.getpid(),
+        )
+        self.scheduler, welcome = await connect(self.scheduler_address, hello)
+        self.name = welcome.assigned
+        self.scheduler.on_close = self._scheduler_lost
+        self.scheduler.set_handler(self._on_scheduler_frame)
+        for i in range(self.nthreads):
+            t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        logger.info("worker %s connected to %s", self.address, self.scheduler_address)
+        return self
+
+    async def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for _ in self._threads:
+            self._queue.put(None)
+        if self._server is not None:
+            self._server.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
+        for fut in self._peers.values():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().close()
+        for task in list(self._background):
+            task.cancel()
+        for t in self._threads:
+            await asyncio.to_thread(t.join, 5)
+
+    async def finished(self) -> None:
+        await self._closed.wait()
+
+    def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
+        if not self._closed.is_set():
+            logger.info("lost the scheduler (%s); closing", conn.close_reason)
+            self._spawn(self.close())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---------------------------------------------------------------- events and instructions
+
+    def _on_scheduler_frame(self, conn: Connection, frame: Frame) -> None:
+        events: list[Any] = []
+        for msg in frame.messages:
+            if type(msg) is m.FunctionDefs:
+                self.functions.add(msg.functions)
+            elif type(msg) is m.ComputeTask or type(msg) is m.FreeKeys:
+                events.append(msg)
+            else:
+                raise ProtocolError(f"the scheduler may not send {type(msg).__name__}")
+        if events:
+            self._handle(events)
+
+    def _handle(self, events: list[Any]) -> None:
+        assert self.state is not None
+        instructions = self.state.handle(*events)
+        send = self.scheduler.send if self.scheduler is not None else None
+        for inst in instructions:
+            t = type(inst)
+            if t is Execute:
+                self._execute(inst.key)
+            elif t is SendMessage:
+                if send is not None:
+                    send(inst.msg)
+            elif t is GatherDep:
+                self._spawn(self._gather(inst))
+            else:  # pragma: no cover - a new instruction the shell does not know
+                raise TypeError(f"unknown instruction {inst!r}")
+
+    def _execute(self, key: Any) -> None:
+        assert self.state is not None
+        func_id, payload = self.state.tasks[key].run_spec
+        if self.zero:
+            now = time.time()
+            event = ExecuteSuccess(
+                key=key,
+                value=None,
+                nbytes=0,
+                inline=None,
+                type_name="NoneType",
+                start=now,
+                stop=now,
+                stimulus_id=f"zero-{now}",
+            )
+            self._push_result(event)
+        else:
+            self._queue.put((key, func_id, payload))
+
+    def _run_tasks(self) -> None:
+        """A task thread: run one task after another, hand results to the loop."""
+        assert self.state is not None
+        data = self.state.data
+        get_func = self.functions.get
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            key, func_id, payload = item
+            start = time.time()
+            try:
+                func = get_func(func_id)
+                args, kwargs = loads_task_args(payload, data.__getitem__, get_func)
+                value = func(*args, **kwargs)
+                stop = time.time()
+                event: Any = ExecuteSuccess(
+                    key=key,
+                    value=value,
+                    nbytes=sizeof(value),
+                    inline=dumps_inline(value),
+                    type_name=type(value).__name__,
+                    start=start,
+                    stop=stop,
+                    stimulus_id=f"task-finished-{stop}",
+                )
+            except BaseException as e:  # a failing task errs its future, never the worker
+                stop = time.time()
+                event = ExecuteFailure(
+                    key=key,
+                    exception=dumps_exception(e),
+                    traceback="".join(traceback.format_exception(e)),
+                    start=start,
+                    stop=stop,
+                    stimulus_id=f"task-erred-{stop}",
+                )
+            self._push_result(event)
+
+    def _push_result(self, event: Any) -> None:
+        with self._results_lock:
+            self._results.append(event)
+            first = len(self._results) == 1
+        if first and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._drain_results)
+
+    def _drain_results(self) -> None:
+        with self._results_lock:
+            events, self._results = self._results, []
+        if events and not self._closed.is_set():
+            self._handle(events)
+
+    # ---------------------------------------------------------------- peers
+
+    async def _peer(self, address: str) -> Connection:
+        """One multiplexed connection per peer, opened on first use."""
+        fut = self._peers.get(address)
+        if fut is not None and fut.done() and (fut.exception() or fut.result().closed):
+            fut = None
+        if fut is None:
+            fut = self._peers[address] = asyncio.ensure_future(self._connect_peer(address))
+        return await fut
+
+    async def _connect_peer(self, address: str) -> Connection:
+        conn, _ = await connect(address, m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address))
+        return conn
+
+    async def _gather(self, inst: GatherDep) -> None:
+        stimulus_id = f"gather-{next(self._stimulus)}"
+        try:
+            conn = await self._peer(inst.worker)
+            reply, buffers = await conn.request(
+                lambda rid: m.GetData(rid, list(inst.keys)), timeout=GATHER_TIMEOUT
+            )
+            assert isinstance(reply, m.DataReply)
+            data: dict[Any, Any] = {}
+            nbytes: dict[Any, int] = {}
+            cursor = 0
+            for key, payload in zip(reply.keys, reply.payloads):
+                bufs = buffers[cursor : cursor + payload.nbuffers]
+                cursor += payload.nbuffers
+                value = loads_value(payload, bufs)
+                data[key] = value
+                nbytes[key] = sizeof(value)
+            event: Any = GatherSuccess(
+                worker=inst.worker,
+                data=data,
+                nbytes=nbytes,
+                missing=list(reply.missing),
+                stimulus_id=stimulus_id,
+            )
+        except (TimeoutError, OSError, CommClosedError, HandshakeError, AssertionError) as e:
+            logger.info("could not gather %s from %s: %s", inst.keys, inst.worker, e)
+            event = GatherFailure(worker=inst.worker, keys=list(inst.keys), stimulus_id=stimulus_id)
+        if not self._closed.is_set():
+            self._handle([event])
+
+    def _accept_peer(self, conn: Connection) -> None:
+        def handshake(conn: Connection, frame: Frame) -> None:
+            try:
+                hello = check_hello(frame)
+            except HandshakeError as e:
+                conn.abort(str(e))
+                return
+            if hello.role not in ("peer", "client"):
+                conn.abort(f"a worker does not accept role {hello.role!r}")
+                return
+            conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, self.address))
+            conn.set_handler(self._on_peer_frame)
+
+        conn.set_handler(handshake)
+
+    def _on_peer_frame(self, conn: Connection, frame: Frame) -> None:
+        assert self.state is not None
+        cursor = 0
+        for msg in frame.messages:
+            if type(msg) is m.GetData:
+                self._serve_data(conn, msg)
+            elif type(msg) is m.UpdateData:
+                nbuf = sum(p.nbuffers for p in msg.payloads)
+                bufs = frame.buffers[cursor : cursor + nbuf]
+                cursor += nbuf
+                self._receive_data(conn, msg, bufs)
+            else:
+                raise ProtocolError(f"a peer may not send {type(msg).__name__}")
+
+    def _serve_data(self, conn: Connection, msg: m.GetData) -> None:
+        assert self.state is not None
+        data = self.state.data
+        keys, payloads, buffers, missing = [], [], [], []
+        for key in msg.keys:
+            if key in data:
+                payload, bufs = dumps_value(data[key])
+                keys.append(key)
+                payloads.append(payload)
+                buffers.extend(bufs)
+            else:
+                missing.append(key)
+        conn.send(m.DataReply(msg.request_id, keys, payloads, missing), buffers)
+
+    def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
+        data: dict[Any, Any] = {}
+        nbytes: dict[Any, int] = {}
+        cursor = 0
+        for key, payload in zip(msg.keys, msg.payloads):
+            value = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
+            cursor += payload.nbuffers
+            data[key] = value
+            nbytes[key] = sizeof(value)
+        self._handle(
+            [UpdateDataEvent(data=data, nbytes=nbytes, stimulus_id=f"update-data-{time.time()}")]
+        )
+        conn.send(m.Ack(msg.request_id, [nbytes[k] for k in msg.keys]))

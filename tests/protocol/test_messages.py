@@ -1,0 +1,330 @@
+"""Wire messages: every message type round-trips; keys keep their types; bad input is
+refused with ProtocolError."""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+import pytest
+
+from shoal.protocol import messages as m
+from shoal.protocol.framing import FrameDecoder, ProtocolError, encode_frame
+
+PAYLOAD = m.Payload(kind=1, data=b"\x80\x05payload", nbuffers=2)
+SMALL = m.Payload(kind=0, data=b"\x01")
+
+# One representative instance per message type, with *every* field set to a value
+# other than its default, so that each field actually travels on the wire.
+SAMPLES: dict[type[m.Message], m.Message] = {
+    m.Hello: m.Hello(
+        version=m.PROTOCOL_VERSION,
+        role="worker",
+        name="w-1",
+        address="tcp://10.0.0.1:4000",
+        nthreads=8,
+        memory_limit=2**34,
+        pid=4242,
+        subscribe=False,
+    ),
+    m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
+    m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
+    m.SubmitTasks: m.SubmitTasks(
+        tasks=[
+            m.TaskSpec(
+                key=("inc", 0),
+                func="f" * 24,
+                payload=PAYLOAD,
+                deps=["a", 1, ("x", 2, 3)],
+                group="inc-abc",
+                priority=-3,
+                retries=2,
+            ),
+            m.TaskSpec(key="data", func="", payload=SMALL),
+        ],
+        wanted=[("inc", 0)],
+        functions={"f" * 24: b"\x80\x05function"},
+        stimulus_id="submit-1",
+    ),
+    m.ReleaseKeys: m.ReleaseKeys(keys=["a", ("b", 1)], stimulus_id="release-1"),
+    m.CancelKeys: m.CancelKeys(keys=[3, "c"], stimulus_id="cancel-1"),
+    m.WantKeys: m.WantKeys(keys=[("d", 0, 0)], stimulus_id="want-1"),
+    m.ScatterDone: m.ScatterDone(
+        keys=["s1", ("s", 2)], nbytes=[10, 20], worker="tcp://w:1", stimulus_id="scatter-1"
+    ),
+    m.WhoHasRequest: m.WhoHasRequest(request_id=5, keys=["a", ("b", 1)]),
+    m.InfoRequest: m.InfoRequest(request_id=6),
+    m.KeyInMemory: m.KeyInMemory(
+        key=("x", 1), value=SMALL, type_name="int", stimulus_id="task-finished-1"
+    ),
+    m.KeyErred: m.KeyErred(
+        key="y",
+        exception=PAYLOAD,
+        traceback="Traceback (most recent call last): ...",
+        blamed=("z", 0),
+        stimulus_id="task-erred-1",
+    ),
+    m.KeyCancelled: m.KeyCancelled(key=7, reason="client cancelled", stimulus_id="cancel-2"),
+    m.WhoHasReply: m.WhoHasReply(
+        request_id=5, who_has=[("a", ["tcp://w:1", "tcp://w:2"]), (("b", 1), [])]
+    ),
+    m.InfoReply: m.InfoReply(
+        request_id=6,
+        scheduler_id="scheduler-1",
+        address="tcp://s:8786",
+        workers=[
+            m.WorkerInfo(
+                address="tcp://w:1",
+                name="w-1",
+                host="w",
+                nthreads=4,
+                memory_limit=2**33,
+                processing=3,
+                nbytes=1024,
+                tasks_run=99,
+            )
+        ],
+        tasks=12,
+    ),
+    m.FunctionDefs: m.FunctionDefs(functions={"a" * 24: b"one", "b" * 24: b"two"}),
+    m.ComputeTask: m.ComputeTask(
+        key=("inc", 1),
+        func="f" * 24,
+        payload=PAYLOAD,
+        priority=(0, -1, 42),
+        deps=[m.DepInfo(key=("inc", 0), nbytes=28, who_has=["tcp://w:2"])],
+        stimulus_id="compute-1",
+    ),
+    m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
+    m.TaskFinished: m.TaskFinished(
+        key=("inc", 1),
+        nbytes=28,
+        start=1.5,
+        stop=2.25,
+        value=SMALL,
+        type_name="int",
+        stimulus_id="finished-1",
+    ),
+    m.TaskErred: m.TaskErred(
+        key="bad",
+        exception=PAYLOAD,
+        traceback="ZeroDivisionError",
+        start=1.0,
+        stop=1.5,
+        stimulus_id="erred-1",
+    ),
+    m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
+    m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1"),
+    m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
+    m.DataReply: m.DataReply(request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)]),
+    m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
+    m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
+}
+
+
+def roundtrip(messages: list[m.Message], buffers=()) -> list[m.Message]:
+    decoder = FrameDecoder()
+    frames = decoder.feed(b"".join(bytes(piece) for piece in encode_frame(messages, buffers)))
+    assert len(frames) == 1
+    assert decoder.buffered == 0
+    return frames[0].messages
+
+
+def raw_frame(body: bytes) -> bytes:
+    """A frame around an arbitrary (possibly invalid) msgpack body (layout: magic, u16
+    buffer count, u32 body length, network byte order)."""
+    return struct.pack("!2sHI", b"SH", 0, len(body)) + body
+
+
+def decode_raw(batch: object) -> list[m.Message]:
+    frames = FrameDecoder().feed(raw_frame(msgspec.msgpack.encode(batch)))
+    assert len(frames) == 1
+    return frames[0].messages
+
+
+def test_every_message_type_has_a_sample():
+    # Adding a message type without a sample here must fail this test.
+    assert set(SAMPLES) == set(m.ALL_MESSAGES)
+    assert len(m.ALL_MESSAGES) == len(set(m.ALL_MESSAGES))
+    for cls, msg in SAMPLES.items():
+        assert type(msg) is cls
+
+
+@pytest.mark.parametrize("cls", m.ALL_MESSAGES, ids=lambda c: c.__name__)
+def test_samples_set_every_field(cls):
+    """Each sample exercises every field: none is left at its default."""
+    msg = SAMPLES[cls]
+    for field in msgspec.structs.fields(cls):
+        if field.required:
+            continue
+        default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+        assert getattr(msg, field.name) != default, f"{cls.__name__}.{field.name} is default"
+
+
+@pytest.mark.parametrize("cls", m.ALL_MESSAGES, ids=lambda c: c.__name__)
+def test_message_roundtrip(cls):
+    msg = SAMPLES[cls]
+    [back] = roundtrip([msg])
+    assert type(back) is cls
+    assert back == msg
+
+
+@pytest.mark.parametrize("cls", m.ALL_MESSAGES, ids=lambda c: c.__name__)
+def test_message_roundtrip_with_defaults(cls):
+    """The same message with only its required fields (defaults omitted on the wire)."""
+    full = SAMPLES[cls]
+    required = {f.name: getattr(full, f.name) for f in msgspec.structs.fields(cls) if f.required}
+    msg = cls(**required)
+    [back] = roundtrip([msg])
+    assert back == msg
+
+
+def test_batch_of_all_messages_keeps_order():
+    batch = list(SAMPLES.values()) * 2
+    assert roundtrip(batch) == batch
+
+
+def test_empty_batch():
+    assert roundtrip([]) == []
+
+
+def test_message_is_tagged_with_its_class_name():
+    body = msgspec.msgpack.decode(msgspec.msgpack.encode([m.InfoRequest(request_id=3)]))
+    assert body == [["InfoRequest", 3]]
+
+
+# --- keys -----------------------------------------------------------------------------
+
+KEYS = [
+    "x",
+    "",
+    "inc-0123456789abcdef",
+    0,
+    -5,
+    2**63 - 1,
+    ("x",),
+    (),
+    ("x", 1, 2),
+    ("x", -1, 2.5, None, True, "s"),
+    ("outer", ("inner", 1)),
+    ("a", ("b", ("c", 1))),
+]
+
+
+def assert_same_key(a, b):
+    """Equal, and of the same type all the way down (a tuple stays a tuple)."""
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_key(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("key", KEYS, ids=repr)
+def test_key_roundtrip_keeps_type(key):
+    msg = m.KeyErred(key=key, exception=SMALL, traceback="", blamed=key)
+    back, free = roundtrip([msg, m.FreeKeys(keys=[key, key])])
+    assert isinstance(back, m.KeyErred) and isinstance(free, m.FreeKeys)
+    assert_same_key(back.key, key)
+    assert_same_key(back.blamed, key)
+    for k in free.keys:
+        assert_same_key(k, key)
+    hash(back.key)  # usable as a dict key by the scheduler
+
+
+def test_keys_in_lists_and_nested_structs_keep_types():
+    msg = SAMPLES[m.SubmitTasks]
+    [back] = roundtrip([msg])
+    assert isinstance(msg, m.SubmitTasks) and isinstance(back, m.SubmitTasks)
+    for got, want in zip(back.tasks, msg.tasks):
+        assert_same_key(got.key, want.key)
+        for g, w in zip(got.deps, want.deps):
+            assert_same_key(g, w)
+    [reply] = roundtrip([SAMPLES[m.WhoHasReply]])
+    assert isinstance(reply, m.WhoHasReply)
+    assert_same_key(reply.who_has[1][0], ("b", 1))
+
+
+@pytest.mark.parametrize(
+    "bad_key",
+    [
+        ["a", {"not": "hashable"}],  # a map inside a tuple key
+        ["a", ["b", ["c", ["d", 1]]]],  # nested deeper than keys may be
+        1.5,  # a bare float is not a key
+        None,
+        b"bytes",
+    ],
+    ids=repr,
+)
+def test_invalid_key_is_refused(bad_key):
+    with pytest.raises(ProtocolError):
+        decode_raw([["FreeKeys", [bad_key]]])
+
+
+# --- validation -------------------------------------------------------------------------
+
+
+def test_raw_batch_decodes():
+    [msg] = decode_raw([["Ack", 3, [1, 2]]])
+    assert msg == m.Ack(request_id=3, nbytes=[1, 2])
+
+
+@pytest.mark.parametrize(
+    "batch, expected",
+    [
+        ([["Ack", "three"]], "Expected `int`, got `str`"),
+        ([["Hello", 1, 2]], "Expected `str`, got `int`"),
+        ([["Refused"]], "Expected `array` of at least length 2"),
+        ([["FreeKeys", "a"]], "Expected `array`, got `str`"),
+        ([["FunctionDefs", {"id": "not bytes"}]], "Expected `bytes`, got `str`"),
+        # a wrong type deep inside a nested struct: TaskSpec.payload.kind
+        ([["SubmitTasks", [["k", "", ["zero", b""]]], []]], "Expected `int`, got `str`"),
+    ],
+)
+def test_wrong_field_type_is_refused_naming_the_problem(batch, expected):
+    with pytest.raises(ProtocolError, match="invalid message") as info:
+        decode_raw(batch)
+    assert expected in str(info.value)
+    assert "$[0]" in str(info.value)  # and where: the first message of the batch
+
+
+def test_bad_message_anywhere_in_batch_is_refused():
+    with pytest.raises(ProtocolError) as info:
+        decode_raw([["Ack", 1], ["Ack", 2], ["Ack", None]])
+    assert "$[2]" in str(info.value)
+
+
+def test_unknown_tag_is_refused():
+    with pytest.raises(ProtocolError) as info:
+        decode_raw([["Ack", 1], ["NoSuchMessage", 1]])
+    assert "NoSuchMessage" in str(info.value)
+
+
+@pytest.mark.parametrize("tag", ["Payload", "TaskSpec", "WorkerInfo", "DepInfo", "Message"])
+def test_non_message_structs_are_not_tags(tag):
+    with pytest.raises(ProtocolError):
+        decode_raw([[tag, 1]])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        msgspec.msgpack.encode({"Ack": 1}),  # not a batch
+        msgspec.msgpack.encode(["Ack", 1]),  # a message, not a batch of messages
+        msgspec.msgpack.encode([{"type": "Ack", "request_id": 1}]),  # not array-like
+        b"",
+        b"\xc1",  # a byte msgpack never uses
+        msgspec.msgpack.encode([["Ack", 1]])[:-1],  # cut short
+        msgspec.msgpack.encode([["Ack", 1]]) + b"\x00",  # trailing bytes
+    ],
+)
+def test_malformed_body_is_refused(body):
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(raw_frame(body))
+
+
+def test_protocol_version():
+    assert type(m.PROTOCOL_VERSION) is int
+    assert m.PROTOCOL_VERSION >= 1

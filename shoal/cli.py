@@ -70,8 +70,9 @@ def scheduler(
             s.write_scheduler_file(scheduler_file)
         if watch_pid:
             asyncio.ensure_future(_watch_pid(watch_pid, stop))
-        click.echo(f"shoal scheduler at {s.address}", err=True)
-        click.echo(s.address)
+        if not quiet:
+            click.echo(f"shoal scheduler at {s.address}", err=True)
+            click.echo(s.address)
         await s.finished()
 
     run(serve())
@@ -150,7 +151,7 @@ def worker(
                     raise click.ClickException(str(e)) from None
                 await asyncio.sleep(0.2)
         _stop_on_signals(lambda: asyncio.ensure_future(w.close()))
-        click.echo(f"shoal worker at {w.address}", err=True)
+        logging.getLogger("shoal.worker").info("shoal worker at %s", w.address)
         await w.finished()
 
     run(serve())

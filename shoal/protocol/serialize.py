@@ -67,7 +67,6 @@ except ImportError:  # pragma: no cover - older or newer cloudpickle
         return obj.__module__ != "__main__" and "<" not in obj.__qualname__
 
 
-
 def function_id(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 

@@ -49,11 +49,13 @@ def main() -> None:
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
 @click.option("--log-level", default="warning", show_default=True)
+@click.option("--quiet", is_flag=True, help="Do not print the address.")
 def scheduler(
     host: str,
     port: int,
     scheduler_file: str | None,
     validate: bool,
+    quiet: bool,
     watch_pid: int | None,
     log_level: str,
 ) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shoal.client.futures import CancelledError, Future, FutureState
+from shoal.client.futures import Future, FutureState
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.tcp import connect
@@ -62,6 +62,7 @@ class Client:
         self._address_arg = address
         self.scheduler_address = ""
         self.status = "newly-created"
+        self._closed = False  # close() ran (status may say "closed" earlier: scheduler lost)
         self._conn: Connection | None = None
         self._functions = FunctionTable()
         self._sent_functions: set[str] = set()
@@ -123,7 +124,7 @@ class Client:
         """Release every key this client holds and disconnect."""
         if self.asynchronous:
             return self._close_async()
-        if self.status == "closed":
+        if self._closed:
             return None
         assert self._runner is not None
         try:
@@ -136,9 +137,12 @@ class Client:
         return None
 
     async def _close_async(self) -> None:
-        if self.status == "closed":
+        if self._closed:
             return
+        self._closed = True
         self.status = "closed"
+        for st in self._states.values():
+            st.cancel("the client closed")
         self._flush_outbox()
         conn = self._conn
         if conn is not None and not conn.closed:
@@ -149,8 +153,6 @@ class Client:
         for fut in self._workers.values():
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
-        for st in self._states.values():
-            st.cancel("the client closed")
         if self.asynchronous:
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
@@ -182,7 +184,7 @@ class Client:
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if self.status == "closed":
             return
-        self.status = "closed"
+        self.status = "closed"  # close() still has threads and connections to clean up
         reason = f"lost the scheduler: {conn.close_reason}"
         logger.warning(reason)
         for st in list(self._states.values()):
@@ -422,11 +424,19 @@ class Client:
             for st in states:
                 st.cancel("cancelled")
 
-        self._call_in_loop(mark)
-        self._send(m.CancelKeys(keys, stimulus_id=f"cancel-{uuid.uuid4().hex[:8]}"))
+        msg = m.CancelKeys(keys, stimulus_id=f"cancel-{uuid.uuid4().hex[:8]}")
+
+        async def cancel() -> None:
+            mark()
+            self._send(msg)
+
         if self.asynchronous:
-            return asyncio.sleep(0)
-        return None
+            return cancel()
+        if self._runner is not None and self._runner.in_loop_thread():
+            mark()
+            self._send(msg)
+            return None
+        return self._sync(cancel())
 
     # ---------------------------------------------------------------- gathering
 
@@ -440,47 +450,49 @@ class Client:
     async def _gather_structure(self, futures: Any, errors: str) -> Any:
         found: list[Future] = []
         _collect(futures, found)
-        values = await self._gather_async(found, errors=errors)
-        by_key = {f.key: v for f, v in zip(found, values)}
+        by_key = await self._gather_values(found, errors=errors)
         return _rebuild(futures, by_key)
 
-    async def _gather_async(
-        self, futures: list[Future], errors: str = "raise", timeout: float | None = None
-    ) -> list[Any]:
+    async def _gather_async(self, futures: list[Future], timeout: float | None = None) -> list[Any]:
+        values = await self._gather_values(futures, "raise", timeout)
+        return [values[f.key] for f in futures]
+
+    async def _gather_values(
+        self, futures: list[Future], errors: str, timeout: float | None = None
+    ) -> dict[Key, Any]:
+        """Values by key; with ``errors="skip"`` failed futures are left out."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        values: dict[Key, Any] = {}
         async with asyncio.timeout(timeout):
-            values: dict[Key, Any] = {}
             while True:
                 for f in futures:
                     await f._state.wait_async()
                 for f in futures:
                     st = f._state
+                    if st.status == "cancelled" or (st.status == "error" and errors == "raise"):
+                        assert st.exception is not None
+                        raise st.exception.with_traceback(None)
+                need = []
+                for f in futures:
+                    st = f._state
+                    if st.status == "finished" and f.key not in values:
+                        if st.has_value:
+                            values[f.key] = st.value
+                        else:
+                            need.append(st)
+                lost = await self._fetch(need, values)
+                for st in need:
                     if st.status == "error" and errors == "raise":
                         assert st.exception is not None
                         raise st.exception.with_traceback(None)
-                    if st.status == "cancelled":
-                        raise CancelledError(f"{f.key!r} was cancelled") from None
-                need = [
-                    f._state
-                    for f in futures
-                    if f._state.status == "finished"
-                    and not f._state.has_value
-                    and f.key not in values
-                ]
-                lost = await self._fetch(need, values)
                 if not lost:
-                    break
-                for st in lost:  # the data went away with a worker: wait for the recompute
+                    return values
+                # The data went with a worker. The scheduler recomputes it; its notice
+                # may have come already, so ask it to say again where each key stands.
+                for st in lost:
                     st.reset()
-        out = []
-        for f in futures:
-            st = f._state
-            if st.status == "finished":
-                out.append(st.value if st.has_value else values[f.key])
-            elif errors == "raise":  # pragma: no cover - handled above
-                raise RuntimeError(f"{f.key!r} is {st.status}")
-        return out
+                self._send(m.WantKeys([st.key for st in lost], f"lost-{uuid.uuid4().hex[:8]}"))
 
     async def _fetch(self, states: list[FutureState], values: dict[Key, Any]) -> list[FutureState]:
         """Fetch from workers; return the states whose data no worker holds now."""
@@ -506,14 +518,18 @@ class Client:
                 lost_keys.update(ks)  # ask again: the scheduler will know more by then
                 await asyncio.sleep(0.05)
                 continue
-            got, missing = res
+            got, missing, failed = res
             values.update(got)
             lost_keys.update(missing)
+            for key, reason in failed:
+                for st in states:
+                    if st.key == key:
+                        st.set_error(SerializationError(f"the result of {key!r}: {reason}"), "")
         return [st for st in states if st.key in lost_keys and st.key not in values]
 
     async def _get_from_worker(
         self, address: str, keys: list[Key]
-    ) -> tuple[dict[Key, Any], list[Key]]:
+    ) -> tuple[dict[Key, Any], list[Key], list[tuple[Key, str]]]:
         conn = await self._worker_conn(address)
         reply, buffers = await conn.request(lambda rid: m.GetData(rid, keys))
         assert isinstance(reply, m.DataReply)
@@ -522,7 +538,7 @@ class Client:
         for key, payload in zip(reply.keys, reply.payloads):
             got[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
             cursor += payload.nbuffers
-        return got, list(reply.missing)
+        return got, list(reply.missing), list(reply.failed)
 
     async def _worker_conn(self, address: str) -> Connection:
         fut = self._workers.get(address)
@@ -575,15 +591,15 @@ class Client:
         assert self._conn is not None
         for worker, pairs in placement.items():
             conn = await self._worker_conn(worker)
-            payloads, buffers = [], []
-            for _, value in pairs:
-                p, b = dumps_value(value)
-                payloads.append(p)
-                buffers.extend(b)
             keys = [k for k, _ in pairs]
-            reply, _ = await conn.request(
-                lambda rid, keys=keys, payloads=payloads: m.UpdateData(rid, keys, payloads), buffers
-            )
+            payloads: list[m.Payload] = []
+            out_buffers: list[memoryview] = []
+            for _, value in pairs:
+                payload, bufs = dumps_value(value)
+                payloads.append(payload)
+                out_buffers.extend(bufs)
+            make = functools.partial(_update_data, keys=keys, payloads=payloads)
+            reply, _ = await conn.request(make, out_buffers)
             assert isinstance(reply, m.Ack)
             self._flush_outbox()  # keep order: earlier messages before the scatter note
             self._conn.send(
@@ -644,6 +660,10 @@ class Client:
         return waiting() if self.asynchronous else self._sync(waiting())
 
 
+def _update_data(request_id: int, keys: list[Key], payloads: list[m.Payload]) -> m.Message:
+    return m.UpdateData(request_id, keys, payloads)
+
+
 def _future_key(f: Future) -> Key:
     return f.key
 
@@ -682,15 +702,20 @@ def _collect(obj: Any, out: list[Future]) -> None:
             _collect(x, out)
 
 
+_SKIPPED = object()
+
+
 def _rebuild(obj: Any, values: dict[Key, Any]) -> Any:
+    """``obj`` with futures replaced by values; futures without one (skipped errors)
+    are left out of their container."""
     if isinstance(obj, Future):
-        return values[obj.key]
-    if isinstance(obj, list):
-        return [_rebuild(x, values) for x in obj]
-    if isinstance(obj, tuple | set | frozenset):
-        return type(obj)(_rebuild(x, values) for x in obj)
+        return values.get(obj.key, _SKIPPED)
+    if isinstance(obj, list | tuple | set | frozenset):
+        items = [v for v in (_rebuild(x, values) for x in obj) if v is not _SKIPPED]
+        return items if isinstance(obj, list) else type(obj)(items)
     if isinstance(obj, dict):
-        return {k: _rebuild(v, values) for k, v in obj.items()}
+        out = {k: _rebuild(v, values) for k, v in obj.items()}
+        return {k: v for k, v in out.items() if v is not _SKIPPED}
     return obj
 
 

@@ -219,8 +219,13 @@ def wait(
 async def _wait_async(futures: list[Future], timeout: float | None, return_when: str) -> Any:
     if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"):
         raise ValueError(f"unknown return_when {return_when!r}")
-    pending = {f._state for f in futures if not f.done()}
-    if pending:
+    states = {f._state for f in futures}
+    pending = {st for st in states if not st.done()}
+    # Already satisfied: a future is done (FIRST_COMPLETED) or has failed (FIRST_EXCEPTION).
+    satisfied = (return_when == "FIRST_COMPLETED" and len(pending) < len(states)) or (
+        return_when == "FIRST_EXCEPTION" and any(st.status == "error" for st in states)
+    )
+    if pending and not satisfied:
         tasks = [asyncio.ensure_future(st.wait_async()) for st in pending]
         mode = {
             "ALL_COMPLETED": asyncio.ALL_COMPLETED,

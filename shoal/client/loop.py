@@ -16,7 +16,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         import uvloop
     except ImportError:
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return uvloop.new_event_loop()
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -136,12 +136,17 @@ class SchedulerState:
         for ts in list(ws.processing):
             self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
             recs.update(self._transition(ts, "released", stimulus_id))
+        lost = []
         for ts in ws.has_what:
             ts.who_has.discard(ws)
             if not ts.who_has and ts.state == "memory":
-                recs[ts] = "released"
+                lost.append(ts)
         ws.has_what = set()
         ws.nbytes = 0
+        # Every lost key is released before anything is placed again: a recommendation
+        # could otherwise send a task off with a dependency still "in memory" nowhere.
+        for ts in lost:
+            recs.update(self._transition(ts, "released", stimulus_id))
         self._transitions(recs, stimulus_id)
         self._done()
 
@@ -191,6 +196,7 @@ class SchedulerState:
             elif ts.payload is None and ts.state == "released":
                 ts.func, ts.payload = spec.func, spec.payload
         recs: Recs = {}
+        errs: Recs = {}
         for ts, deps in new:
             missing = []
             for dk in deps:
@@ -206,7 +212,7 @@ class SchedulerState:
                 else:
                     problem = f"names function {ts.func!r}, which its client never sent"
                 ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
-                recs[ts] = "erred"
+                errs[ts] = "erred"
             else:
                 recs[ts] = "waiting"
         for key in msg.wanted:
@@ -215,8 +221,12 @@ class SchedulerState:
                 self.comm.send_client(cs.id, m.KeyCancelled(key, "not submitted", stimulus_id))
                 continue
             self._want(cs, ts, stimulus_id)
-            if ts.state == "released" and ts not in recs:
+            if ts.state == "released" and ts not in recs and ts not in errs:
                 recs[ts] = "waiting"  # known but released: compute it again
+        # Errors first: a dependent's "waiting" would otherwise overwrite its dependency's
+        # "erred" and run it; dependents of failed tasks then are erred, not started.
+        self._transitions(errs, stimulus_id)
+        recs = {ts: finish for ts, finish in recs.items() if ts.state == "released"}
         self._transitions(recs, stimulus_id)
 
     def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
@@ -280,10 +290,15 @@ class SchedulerState:
             if ts is None:
                 ts = TaskState(key, "", None, self._group(key))
                 self.tasks[key] = ts
-            if ws is None:  # the worker left meanwhile: the data is gone
-                ts.who_wants.add(cs)
-                cs.wants.add(ts)
-                self._lost_data_error(ts, msg.stimulus_id)
+            if ws is None:  # the worker left meanwhile: this copy is gone
+                if ts.state == "released" and ts.payload is None:  # and it was the only one
+                    ts.who_wants.add(cs)
+                    cs.wants.add(ts)
+                    self._lost_data_error(ts, msg.stimulus_id)
+                else:  # held elsewhere, or computable: as if the client just wanted it
+                    self._want(cs, ts, msg.stimulus_id)
+                    if ts.state == "released":
+                        self._transitions({ts: "waiting"}, msg.stimulus_id)
                 continue
             if ts.state in ("memory", "released"):
                 self._add_replica(ts, ws, nbytes)
@@ -349,7 +364,7 @@ class SchedulerState:
     def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
         """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
         lost (the holders are told to drop them), recompute, and run the task again."""
-        recs: Recs = {}
+        lost = []
         for key in msg.missing:
             dts = self.tasks.get(key)
             if dts is None or dts.state != "memory":
@@ -359,10 +374,15 @@ class SchedulerState:
                     self._remove_replica(dts, holder)
                     self.comm.send_worker(holder.address, m.FreeKeys([key], msg.stimulus_id))
             if not dts.who_has:
-                recs[dts] = "released"
+                lost.append(dts)
+        # Lost keys are released first, so nothing is placed with a dependency held
+        # nowhere (as in remove_worker); then the task runs again once they are back.
+        recs: Recs = {}
+        for dts in lost:
+            recs.update(self._transition(dts, "released", msg.stimulus_id))
         ts = self.tasks.get(msg.key)
         if ts is not None and ts.processing_on is ws:
-            recs[ts] = "released"
+            recs.update(self._transition(ts, "released", msg.stimulus_id))
         self._transitions(recs, msg.stimulus_id)
 
     _worker_handlers: dict[type, Callable[..., None]] = {
@@ -419,11 +439,14 @@ class SchedulerState:
         return bool(ts.who_wants or ts.waiters)
 
     def _add_replica(self, ts: TaskState, ws: WorkerRecord, nbytes: int) -> None:
+        # The first copy sets the size; replicas count at that size (a worker may report
+        # another), so every holder's nbytes and the group's stay sums of ts.nbytes.
+        if not ts.who_has:
+            ts.nbytes = nbytes
         if ws not in ts.who_has:
             ts.who_has.add(ws)
             ws.has_what.add(ts)
-            ws.nbytes += nbytes
-        ts.nbytes = nbytes
+            ws.nbytes += ts.nbytes
 
     def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None:
         if ws in ts.who_has:
@@ -511,52 +534,67 @@ class SchedulerState:
     def _schedule_queued(self, stimulus_id: str) -> None:
         """Hand root tasks from the queue to workers with free capacity, best first."""
         queue = self.queue
-        for ws in sorted(
-            self.free_workers, key=lambda w: (len(w.processing) / w.nthreads, w.address)
-        ):
-            while queue and self._is_free(ws) and ws.address in self.workers:
-                _, ts = heapq.heappop(queue)
-                if ts.state != "queued":
-                    continue  # released while queued: a stale entry
-                self.nqueued -= 1
-                self.log.append((ts.key, "queued", "processing", stimulus_id))
-                self.transition_counter += 1
-                self._transition_queued_processing(ts, stimulus_id, ws=ws)
-            if not queue:
-                break
+        # One task at a time to the least loaded free worker, so idle threads on other
+        # workers are used before any worker gets its extra slot.
+        free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
+        heapq.heapify(free)
+        while queue and free:
+            _, ts = heapq.heappop(queue)
+            if ts.state != "queued":
+                continue  # released while queued: a stale entry
+            ws = heapq.heappop(free)[2]
+            self.nqueued -= 1
+            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self.transition_counter += 1
+            self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            if self._is_free(ws):
+                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
 
     def _report_erred(
         self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str
     ) -> None:
-        blame = ts.exception_blame or ts
-        assert blame.exception is not None
+        # Each erred task holds a copy of the error: the task to blame may have been
+        # released (and its error cleared) since, when nobody wanted it.
+        blame = ts.exception_blame
+        assert ts.exception is not None
         for cs in clients:
             self.comm.send_client(
                 cs.id,
                 m.KeyErred(
                     ts.key,
-                    blame.exception,
-                    blame.traceback,
-                    blame.key if blame is not ts else None,
+                    ts.exception,
+                    ts.traceback,
+                    blame.key if blame is not None else None,
                     stimulus_id,
                 ),
             )
 
-    def _lost_data_error(self, ts: TaskState, stimulus_id: str) -> None:
+    def _set_lost_data_exception(self, ts: TaskState) -> None:
         exc = RuntimeError(
             f"the data of {ts.key!r} was lost with the worker that held it and cannot be recomputed"
         )
         ts.exception = error_payload(exc)
         ts.traceback = ""
+
+    def _lost_data_error(self, ts: TaskState, stimulus_id: str) -> None:
+        self._set_lost_data_exception(ts)
         self._transitions({ts: "erred"}, stimulus_id)
 
     # ------------------------------------------------------------------ transitions
 
     def _transition_released_waiting(self, ts: TaskState, stimulus_id: str) -> Recs:
-        if ts.payload is None:  # scattered data that is gone
-            self._lost_data_error(ts, stimulus_id)
-            return {}
         ts.state = "waiting"
+        # Errors are recommendations (not nested transitions), so they replace this
+        # event's other recommendations for the same tasks instead of racing them; and
+        # they come before any dependency is asked for, so none is computed for nothing.
+        if ts.payload is None:  # scattered data that is gone
+            self._set_lost_data_exception(ts)
+            return {ts: "erred"}
+        for dts in ts.dependencies:
+            if dts.state == "erred":
+                ts.exception_blame = dts.exception_blame or dts
+                ts.exception, ts.traceback = dts.exception, dts.traceback
+                return {ts: "erred"}
         recs: Recs = {}
         waiting_on = ts.waiting_on
         for dts in ts.dependencies:
@@ -564,10 +602,6 @@ class SchedulerState:
             state = dts.state
             if state == "memory":
                 continue
-            if state == "erred":
-                ts.exception_blame = dts.exception_blame or dts
-                recs[ts] = "erred"
-                return recs
             waiting_on.add(dts)
             if state == "released":
                 recs[dts] = "waiting"
@@ -738,6 +772,7 @@ class SchedulerState:
         for dts in ts.dependents:
             if dts.state in ("waiting", "queued", "processing", "released"):
                 dts.exception_blame = blame
+                dts.exception, dts.traceback = ts.exception, ts.traceback
                 recs[dts] = "erred"
         ts.waiters.clear()
         if not ts.who_wants:
@@ -819,7 +854,7 @@ class SchedulerState:
                 check(ts in ws.has_what, "holder does not list the key", ts)
                 check(ws.address in self.workers, "held by a gone worker", ts)
             if st == "erred":
-                check(ts.exception is not None or ts.exception_blame is not None, "no error", ts)
+                check(ts.exception is not None, "no error to report", ts)
             if st == "queued":
                 nqueued += 1
             for cs in ts.who_wants:

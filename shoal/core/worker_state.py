@@ -1,24 +1,20 @@
 """The worker's state machine: events in, instructions out.
 
-Pure and synchronous (no asyncio, sockets, threads, clocks or config): the asyncio worker
-server turns messages from the scheduler, peers and its executor threads into events, calls
-:meth:`WorkerState.handle` and carries out the returned instructions.
+Pure and synchronous: the asyncio worker server turns messages from the scheduler, peers
+and its task threads into events, calls :meth:`WorkerState.handle` and carries out the
+instructions it returns. ``forgotten`` means removed from ``tasks``::
 
-Lifecycle of a key on a worker (``forgotten`` means removed from ``tasks``)::
+    compute:  released -> waiting -> ready -> executing -> memory | error
+    fetch:    released -> fetch -> flight -> memory          (a dependency held by a peer)
+    freed while running or in flight: -> cancelled -> forgotten when it ends
 
-    compute: released -> waiting -> ready -> executing -> memory | error
-    fetch:   released -> fetch -> flight -> memory           (a dependency held by a peer)
-    freed while executing or in flight: -> cancelled -> forgotten when it ends
-
-A task is kept while the scheduler wants it here (``wanted``: it sent ComputeTask, or we
-told it we hold the key) or while a local task depends on it (``dependents``). Dependency
-links exist only while the dependent still needs its inputs (waiting, ready, executing).
-When a task loses both reasons it is released: forgotten, or cancelled if an execution or
-a transfer is still running. A ``released`` task that survives a batch is a stub some local
-task still depends on (the scheduler will reschedule or free it).
-
-Assumption about the server: it reads the dependency values of an ``Execute`` from
-``data`` before it feeds the next batch of events.
+A task is kept while the scheduler wants it here (``wanted``: it sent ComputeTask, or was
+told we hold the key) or while a local task depends on it (``dependents``). A task keeps
+links to its dependencies while it needs their data: waiting, ready, executing (also when
+cancelled, since its thread reads them). Without either reason a task is released:
+forgotten, or cancelled while an execution or a transfer is still running. A ``released``
+task left after a batch is a stub a local task still depends on (the scheduler will send
+it again or free the dependents).
 """
 
 from __future__ import annotations
@@ -30,46 +26,21 @@ from typing import Any, ClassVar
 import msgspec
 
 from shoal.core.story import InvalidState, InvalidTransition, StoryLog
-from shoal.protocol.messages import (
-    AddKeys,
-    ComputeTask,
-    DepInfo,
-    FreeKeys,
-    Key,
-    Message,
-    MissingData,
-    Payload,
-    TaskErred,
-    TaskFinished,
-)
+from shoal.protocol import messages as m
+from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Message, Payload
 
-__all__ = [
-    "WTask",
-    "WorkerState",
-    "WorkerEvent",
-    "ExecuteSuccess",
-    "ExecuteFailure",
-    "GatherSuccess",
-    "GatherFailure",
-    "UpdateDataEvent",
-    "Event",
-    "Instruction",
-    "Execute",
-    "GatherDep",
-    "SendMessage",
-    "STATES",
-]
+PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
+MAX_PIPELINE = 16
 
 STATES = frozenset(
     {"released", "waiting", "fetch", "flight", "ready", "executing", "memory", "error", "cancelled"}
 )
 
-
-# --- events ---------------------------------------------------------------------------
+# --- events (ComputeTask and FreeKeys, wire messages, are events too) ---------------------
 
 
 class WorkerEvent(msgspec.Struct):
-    """Base of the events made by the worker server itself (not wire messages)."""
+    """Base of the events the worker server makes itself."""
 
 
 class ExecuteSuccess(WorkerEvent):
@@ -93,7 +64,7 @@ class ExecuteFailure(WorkerEvent):
 
 
 class GatherSuccess(WorkerEvent):
-    """A GatherDep ended: ``data`` holds what the peer sent, ``missing`` what it lacked."""
+    """A GatherDep ended; asked keys absent from ``data`` count as missing."""
 
     worker: str
     data: dict[Key, Any]
@@ -111,7 +82,7 @@ class GatherFailure(WorkerEvent):
 
 
 class UpdateDataEvent(WorkerEvent):
-    """A client scattered data onto this worker."""
+    """A client scattered data here."""
 
     data: dict[Key, Any]
     nbytes: dict[Key, int]
@@ -120,8 +91,7 @@ class UpdateDataEvent(WorkerEvent):
 
 Event = ComputeTask | FreeKeys | WorkerEvent
 
-
-# --- instructions ---------------------------------------------------------------------
+# --- instructions -----------------------------------------------------------------------
 
 
 class Instruction(msgspec.Struct, gc=False):
@@ -145,7 +115,9 @@ class SendMessage(Instruction):
     stimulus_id: str
 
 
-# --- tasks ----------------------------------------------------------------------------
+# --- tasks ------------------------------------------------------------------------------
+
+_NO_SET: Any = frozenset()  # shared and never mutated: code that adds replaces it by a set
 
 
 class WTask:
@@ -166,9 +138,9 @@ class WTask:
         "type_name",
         "wanted",  # the scheduler wants this key here
         "previous",  # for "cancelled": "executing" or "flight"
-        "coming_from",  # for "flight" and cancelled flight: the peer asked
-        "resume",  # ComputeTask received while the key was in flight
-        "ready_seq",  # identifies this task's live entry in the ready heap
+        "coming_from",  # for "flight" and a cancelled flight: the peer asked
+        "resume",  # a ComputeTask received while the key was in flight
+        "ready_seq",  # identifies the task's live entry in the ready heap
     )
 
     def __init__(self, key: Key):
@@ -176,13 +148,12 @@ class WTask:
         self.state = "released"
         self.run_spec: tuple[str, Payload] | None = None
         self.priority: tuple[int, ...] = ()
-        self.dependencies: set[WTask] = set()
-        self.dependents: set[WTask] = set()
-        self.waiting_for_data: set[WTask] = set()
-        self.who_has: set[str] = set()
+        self.dependencies: set[WTask] = _NO_SET  # real sets only once needed
+        self.dependents: set[WTask] = _NO_SET
+        self.waiting_for_data: set[WTask] = _NO_SET
+        self.who_has: set[str] = _NO_SET
         self.nbytes = 0
-        self.start = 0.0
-        self.stop = 0.0
+        self.start = self.stop = 0.0
         self.type_name = ""
         self.wanted = False
         self.previous: str | None = None
@@ -194,13 +165,27 @@ class WTask:
         return f"<WTask {self.key!r} {self.state}>"
 
 
-_TransitionFunc = Callable[["WorkerState", WTask, str], None]
+def _order(ts: WTask) -> tuple[tuple[int, ...], str]:
+    """A deterministic order for the rare paths that iterate a set of tasks."""
+    return ts.priority, repr(ts.key)
+
+
+def _unindex(index: dict[str, dict[WTask, None]], worker: str, ts: WTask) -> None:
+    tasks = index[worker]
+    del tasks[ts]
+    if not tasks:
+        del index[worker]
+
+
+def _check(ok: Any, what: str) -> None:
+    if not ok:
+        raise InvalidState(what)
 
 
 class WorkerState:
-    """The state of one worker's tasks. See the module docstring."""
+    """The tasks of one worker. See the module docstring."""
 
-    _TRANSITIONS: ClassVar[dict[tuple[str, str], _TransitionFunc]]
+    _TRANSITIONS: ClassVar[dict[tuple[str, str], Callable[[WorkerState, WTask, str], None]]]
     _HANDLERS: ClassVar[dict[type, Callable[[WorkerState, Any], None]]]
 
     def __init__(
@@ -214,26 +199,26 @@ class WorkerState:
         self.nthreads = nthreads
         self.address = address
         self.validate = validate
-        self.transfer_limit = transfer_limit
-        self.transfer_bytes_limit = transfer_bytes_limit
+        self.transfer_limit = transfer_limit  # GatherDeps in flight at once
+        self.transfer_bytes_limit = transfer_bytes_limit  # bytes asked per GatherDep
         self.data: dict[Key, Any] = {}
         self.tasks: dict[Key, WTask] = {}
         self._story = StoryLog()
-        self._instructions: list[Instruction] = []
+        self._log = self._story.append
+        self._out: list[Instruction] = []
         self._ready: list[tuple[tuple[int, ...], int, WTask]] = []  # heap, lazy deletion
         self._ready_seq = 0
         self._n_ready = 0
-        self._executing: set[WTask] = set()  # Execute issued, no result yet (thread busy)
-        self._data_needed: dict[str, dict[WTask, None]] = {}  # peer -> its tasks in "fetch"
-        self._has_what: dict[str, set[WTask]] = {}  # peer -> tasks listing it in who_has
-        self._in_flight: dict[str, list[WTask]] = {}  # peer -> tasks of its GatherDep
-        self._pending_release: list[WTask] = []
-
-    # --- public API -------------------------------------------------------------------
+        self._recent_duration = PIPELINE_WINDOW  # until measured: no pipelining
+        self._executing: set[WTask] = set()  # Execute sent, no result yet: a busy thread
+        self._data_needed: dict[str, dict[WTask, None]] = {}  # peer -> its tasks in fetch
+        self._has_what: dict[str, dict[WTask, None]] = {}  # peer -> tasks naming it
+        self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
+        self._to_release: list[WTask] = []  # tasks that may have lost their last reason
 
     @property
     def executing_count(self) -> int:
-        """Threads busy (including executions whose task was cancelled meanwhile)."""
+        """Busy threads (including executions of tasks cancelled meanwhile)."""
         return len(self._executing)
 
     @property
@@ -241,15 +226,17 @@ class WorkerState:
         return self._n_ready
 
     def handle(self, *events: Event) -> list[Instruction]:
-        out = self._instructions = []
-        handlers = self._HANDLERS
+        """Apply a batch of events; return what the server must do, in order."""
+        out = self._out = []
         sid = ""
         for ev in events:
             sid = ev.stimulus_id  # type: ignore[union-attr]
-            handlers[type(ev)](self, ev)
-            if self._pending_release:
-                self._drain(sid)
-        if events:
+            self._HANDLERS[type(ev)](self, ev)
+            while self._to_release:
+                ts = self._to_release.pop()
+                if not ts.dependents and not ts.wanted:
+                    self._release(ts, sid)
+        if events:  # once per batch, so that the batch is ordered by priority
             self._ensure_communicating(sid)
             self._ensure_computing(sid)
         if self.validate:
@@ -259,95 +246,20 @@ class WorkerState:
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self._story.story(*keys)
 
-    # --- transitions machinery ----------------------------------------------------------
+    # --- transitions ------------------------------------------------------------------
 
     def _transition(self, ts: WTask, finish: str, sid: str) -> None:
         start = ts.state
         func = self._TRANSITIONS.get((start, finish))
         if func is None:
             raise InvalidTransition(ts.key, start, finish, self._story.story(ts.key))
-        self._story.append((ts.key, start, finish, sid))
+        self._log((ts.key, start, finish, sid))
         func(self, ts, sid)
 
-    def _send(self, msg: Message, sid: str) -> None:
-        self._instructions.append(SendMessage(msg, sid))
+    def _transition_released_waiting(self, ts: WTask, sid: str) -> None:
+        ts.state = "waiting"
 
-    def _release(self, ts: WTask, sid: str) -> None:
-        """Drop a task nobody wants: forget it, or cancel what is still running."""
-        st = ts.state
-        if st == "cancelled" or st == "forgotten":
-            return
-        if st == "flight" or ts in self._executing:
-            self._transition(ts, "cancelled", sid)
-            return
-        if st != "released":
-            self._transition(ts, "released", sid)
-        if not ts.dependents:
-            self._transition(ts, "forgotten", sid)
-
-    def _drain(self, sid: str) -> None:
-        pending = self._pending_release
-        while pending:
-            ts = pending.pop()
-            if not ts.dependents and not ts.wanted:
-                self._release(ts, sid)
-
-    def _unlink_dependencies(self, ts: WTask) -> None:
-        for dep in ts.dependencies:
-            dep.dependents.discard(ts)
-            if not dep.dependents and not dep.wanted:
-                self._pending_release.append(dep)
-        ts.dependencies.clear()
-        ts.waiting_for_data.clear()
-
-    def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
-        for w in workers:
-            if w != self.address and w not in ts.who_has:
-                ts.who_has.add(w)
-                self._has_what.setdefault(w, set()).add(ts)
-                if ts.state == "fetch":
-                    self._data_needed.setdefault(w, {})[ts] = None
-
-    def _remove_who_has(self, ts: WTask, worker: str) -> None:
-        if worker not in ts.who_has:
-            return
-        ts.who_has.remove(worker)
-        holders = self._has_what[worker]
-        holders.discard(ts)
-        if not holders:
-            del self._has_what[worker]
-        if ts.state == "fetch":
-            needed = self._data_needed[worker]
-            del needed[ts]
-            if not needed:
-                del self._data_needed[worker]
-
-    def _clear_who_has(self, ts: WTask) -> None:
-        has_what = self._has_what
-        for w in ts.who_has:
-            holders = has_what[w]
-            holders.discard(ts)
-            if not holders:
-                del has_what[w]
-        ts.who_has.clear()
-
-    def _add_data_needed(self, ts: WTask) -> None:
-        needed = self._data_needed
-        for w in ts.who_has:
-            d = needed.get(w)
-            if d is None:
-                d = needed[w] = {}
-            d[ts] = None
-
-    def _remove_data_needed(self, ts: WTask) -> None:
-        needed = self._data_needed
-        for w in ts.who_has:
-            d = needed[w]
-            del d[ts]
-            if not d:
-                del needed[w]
-
-    def _push_ready(self, ts: WTask) -> None:
+    def _transition_released_ready(self, ts: WTask, sid: str) -> None:
         ts.state = "ready"
         seq = ts.ready_seq = self._ready_seq
         self._ready_seq = seq + 1
@@ -358,95 +270,70 @@ class WorkerState:
             heap[:] = [e for e in heap if e[2].state == "ready" and e[2].ready_seq == e[1]]
             heapq.heapify(heap)
 
-    def _to_released(self, ts: WTask) -> None:
-        """Shared tail of every ``* -> released``."""
-        self._unlink_dependencies(ts)
-        self._clear_who_has(ts)
-        ts.state = "released"
-        ts.run_spec = None
-        ts.coming_from = None
-        ts.previous = None
-
-    # --- transitions ------------------------------------------------------------------
-
-    def _transition_released_waiting(self, ts: WTask, sid: str) -> None:
-        ts.state = "waiting"
-
-    def _transition_released_ready(self, ts: WTask, sid: str) -> None:
-        self._push_ready(ts)
-
     def _transition_released_fetch(self, ts: WTask, sid: str) -> None:
         ts.state = "fetch"
-        self._add_data_needed(ts)
+        for w in sorted(ts.who_has):  # usually none yet: _add_who_has follows
+            self._data_needed.setdefault(w, {})[ts] = None
 
     def _transition_released_memory(self, ts: WTask, sid: str) -> None:
-        self._memory(ts, sid)
+        """Every ``* -> memory`` ends here; the caller has put the value in ``data``."""
+        self._done(ts, "memory")
+        for dependent in ts.dependents:
+            waiting = dependent.waiting_for_data
+            if ts in waiting:
+                waiting.discard(ts)
+                if not waiting and dependent.state == "waiting":
+                    self._transition(dependent, "ready", sid)
 
     def _transition_released_forgotten(self, ts: WTask, sid: str) -> None:
-        self._clear_who_has(ts)
         ts.state = "forgotten"
         del self.tasks[ts.key]
 
-    def _transition_waiting_ready(self, ts: WTask, sid: str) -> None:
-        self._push_ready(ts)
-
     def _transition_waiting_released(self, ts: WTask, sid: str) -> None:
-        self._to_released(ts)
-
-    def _transition_waiting_memory(self, ts: WTask, sid: str) -> None:
-        self._memory(ts, sid)
+        """Every ``* -> released`` ends here."""
+        self._done(ts, "released")
+        ts.coming_from = ts.previous = None
 
     def _transition_ready_executing(self, ts: WTask, sid: str) -> None:
         self._n_ready -= 1
         ts.state = "executing"
         self._executing.add(ts)
-        self._instructions.append(Execute(ts.key, sid))
+        self._out.append(Execute(ts.key, sid))
 
     def _transition_ready_released(self, ts: WTask, sid: str) -> None:
         self._n_ready -= 1
-        self._to_released(ts)
+        self._transition_waiting_released(ts, sid)
 
     def _transition_ready_memory(self, ts: WTask, sid: str) -> None:
         self._n_ready -= 1
-        self._memory(ts, sid)
-
-    def _transition_executing_memory(self, ts: WTask, sid: str) -> None:
-        self._memory(ts, sid)
+        self._transition_released_memory(ts, sid)
 
     def _transition_executing_error(self, ts: WTask, sid: str) -> None:
-        self._unlink_dependencies(ts)
-        self._clear_who_has(ts)
-        ts.state = "error"
-        ts.run_spec = None
+        self._done(ts, "error")
 
     def _transition_executing_cancelled(self, ts: WTask, sid: str) -> None:
-        # keep the dependencies: the thread may not have read them yet
-        ts.state = "cancelled"
+        ts.state = "cancelled"  # dependencies stay linked: the thread may still read them
         ts.previous = "executing"
 
     def _transition_fetch_flight(self, ts: WTask, sid: str) -> None:
-        self._remove_data_needed(ts)  # the caller set coming_from and _in_flight
+        self._unfetch(ts)  # the caller has set coming_from and _in_flight
         ts.state = "flight"
 
     def _transition_fetch_released(self, ts: WTask, sid: str) -> None:
-        self._remove_data_needed(ts)
-        self._to_released(ts)
+        self._unfetch(ts)
+        self._transition_waiting_released(ts, sid)
 
     def _transition_fetch_memory(self, ts: WTask, sid: str) -> None:
-        self._remove_data_needed(ts)
-        self._memory(ts, sid)
-
-    def _transition_flight_memory(self, ts: WTask, sid: str) -> None:
-        ts.coming_from = None  # stays in its GatherDep's list, ignored when that ends
-        self._memory(ts, sid)
+        self._unfetch(ts)
+        self._transition_released_memory(ts, sid)
 
     def _transition_flight_fetch(self, ts: WTask, sid: str) -> None:
         ts.coming_from = None
-        ts.state = "fetch"
-        self._add_data_needed(ts)
+        self._transition_released_fetch(ts, sid)
 
-    def _transition_flight_released(self, ts: WTask, sid: str) -> None:
-        self._to_released(ts)
+    def _transition_flight_memory(self, ts: WTask, sid: str) -> None:
+        ts.coming_from = None  # left in its GatherDep's list, skipped when that ends
+        self._transition_released_memory(ts, sid)
 
     def _transition_flight_cancelled(self, ts: WTask, sid: str) -> None:
         ts.state = "cancelled"
@@ -460,84 +347,107 @@ class WorkerState:
         ts.state = "flight"
         ts.previous = None
 
-    def _transition_cancelled_released(self, ts: WTask, sid: str) -> None:
-        self._to_released(ts)
-
     def _transition_cancelled_memory(self, ts: WTask, sid: str) -> None:
-        ts.previous = None  # if it was executing, the thread stays counted until it ends
-        ts.coming_from = None
-        self._memory(ts, sid)
+        ts.coming_from = ts.previous = None  # a running thread stays counted until it ends
+        self._transition_released_memory(ts, sid)
 
     def _transition_memory_released(self, ts: WTask, sid: str) -> None:
         del self.data[ts.key]
-        self._to_released(ts)
+        self._transition_waiting_released(ts, sid)
 
     def _transition_memory_cancelled(self, ts: WTask, sid: str) -> None:
-        # scattered over a running execution, then freed: wait for the thread to end
-        del self.data[ts.key]
+        del self.data[ts.key]  # scattered over a running task, then freed
         ts.state = "cancelled"
         ts.previous = "executing"
 
-    def _transition_error_released(self, ts: WTask, sid: str) -> None:
-        self._to_released(ts)
+    _transition_waiting_ready = _transition_released_ready
+    _transition_waiting_memory = _transition_released_memory
+    _transition_executing_memory = _transition_released_memory
+    _transition_error_memory = _transition_released_memory
+    _transition_flight_released = _transition_waiting_released
+    _transition_cancelled_released = _transition_waiting_released
+    _transition_error_released = _transition_waiting_released
 
-    def _transition_error_memory(self, ts: WTask, sid: str) -> None:
-        self._memory(ts, sid)
-
-    def _memory(self, ts: WTask, sid: str) -> None:
-        """Shared tail of every ``* -> memory`` (the caller has put the value in data)."""
-        self._unlink_dependencies(ts)
-        self._clear_who_has(ts)
-        ts.state = "memory"
+    def _done(self, ts: WTask, state: str) -> None:
+        """Drop what only a task on its way needs: dependencies, holders, run_spec."""
+        if ts.dependencies:
+            for dep in ts.dependencies:
+                dep.dependents.discard(ts)
+                if not dep.dependents and not dep.wanted:
+                    self._to_release.append(dep)
+            ts.dependencies = ts.waiting_for_data = _NO_SET
+        if ts.who_has:
+            for w in ts.who_has:
+                _unindex(self._has_what, w, ts)
+            ts.who_has = _NO_SET
+        ts.state = state
         ts.run_spec = None
-        for dependent in ts.dependents:
-            waiting = dependent.waiting_for_data
-            if ts in waiting:
-                waiting.discard(ts)
-                if not waiting and dependent.state == "waiting":
-                    self._transition(dependent, "ready", sid)
+
+    def _unfetch(self, ts: WTask) -> None:
+        for w in ts.who_has:
+            _unindex(self._data_needed, w, ts)
+
+    def _release(self, ts: WTask, sid: str) -> None:
+        """Drop a task without reason to stay: forget it, or cancel what still runs."""
+        st = ts.state
+        if st == "cancelled" or st == "forgotten":
+            return
+        if st == "flight" or ts in self._executing:
+            self._transition(ts, "cancelled", sid)
+            return
+        if st != "released":
+            self._transition(ts, "released", sid)
+        if not ts.dependents:
+            self._transition(ts, "forgotten", sid)
+
+    def _forget_cancelled(self, ts: WTask, sid: str) -> None:
+        self._transition(ts, "released", sid)
+        self._transition(ts, "forgotten", sid)
+
+    def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
+        for w in workers:
+            if w != self.address and w not in ts.who_has:
+                if ts.who_has is _NO_SET:
+                    ts.who_has = set()
+                ts.who_has.add(w)
+                self._has_what.setdefault(w, {})[ts] = None
+                if ts.state == "fetch":
+                    self._data_needed.setdefault(w, {})[ts] = None
 
     # --- event handlers -----------------------------------------------------------------
 
-    def _handle_compute(self, ev: ComputeTask) -> None:
+    def _handle_compute(self, ev: ComputeTask, sid: str = "") -> None:
         key = ev.key
-        sid = ev.stimulus_id
-        self._story.append((key, "ComputeTask", sid))
+        sid = sid or ev.stimulus_id
+        self._log((key, "ComputeTask", sid))
         ts = self.tasks.get(key)
-        if ts is not None:
+        if ts is not None and ts.state not in ("released", "fetch", "error"):
+            ts.wanted = True
             st = ts.state
             if st == "memory":
-                ts.wanted = True
-                msg = TaskFinished(
+                msg = m.TaskFinished(
                     key, ts.nbytes, ts.start, ts.stop, type_name=ts.type_name, stimulus_id=sid
                 )
-                self._send(msg, sid)
-                return
-            if st == "waiting" or st == "ready" or st == "executing":
-                ts.wanted = True
-                return
-            if st == "flight" or (st == "cancelled" and ts.previous == "flight"):
-                ts.wanted = True
-                ts.resume = ev  # computed here only if the transfer fails
+                self._out.append(SendMessage(msg, sid))
+            elif st == "flight" or ts.previous == "flight":
+                ts.resume = ev  # computed here if the transfer fails
                 if st == "cancelled":
                     self._transition(ts, "flight", sid)
-                return
-            if st == "cancelled":  # still executing: its result counts again
-                ts.wanted = True
+            elif st == "cancelled":  # still running: its result counts again
                 self._transition(ts, "executing", sid)
-                return
+            return  # else waiting, ready or executing already
         deps = ev.deps
-        if deps:
-            missing = self._missing_deps(key, deps)
-            if missing:
-                self._send(MissingData(key, missing, sid), sid)
-                if ts is not None and ts.state == "released":
-                    ts.wanted = False
-                    self._pending_release.append(ts)
-                return
+        if deps and (missing := self._missing_deps(key, deps)):
+            self._out.append(SendMessage(m.MissingData(key, missing, sid), sid))
+            if ts is not None and ts.state != "fetch":
+                if ts.state == "error":
+                    self._transition(ts, "released", sid)
+                ts.wanted = False
+                self._to_release.append(ts)
+            return
         if ts is None:
             ts = self.tasks[key] = WTask(key)
-        elif ts.state != "released":  # fetch or error
+        elif ts.state != "released":
             self._transition(ts, "released", sid)
         ts.run_spec = (ev.func, ev.payload)
         ts.priority = ev.priority
@@ -547,23 +457,20 @@ class WorkerState:
         self._transition(ts, "waiting" if ts.waiting_for_data else "ready", sid)
 
     def _missing_deps(self, key: Key, deps: list[DepInfo]) -> list[Key]:
-        """Dependencies that are neither here nor on any peer we know of."""
-        missing: list[Key] = []
-        tasks = self.tasks
-        address = self.address
+        """Dependencies neither here nor on any peer we are told of."""
+        missing = []
         for d in deps:
-            dts = tasks.get(d.key)
+            dts = self.tasks.get(d.key)
             if d.key == key or (dts is not None and dts.state not in ("released", "error")):
                 continue
-            for w in d.who_has:
-                if w != address:
-                    break
-            else:
+            if all(w == self.address for w in d.who_has):
                 missing.append(d.key)
         return missing
 
     def _link(self, ts: WTask, deps: list[DepInfo], sid: str) -> None:
         tasks = self.tasks
+        ts.dependencies = set()
+        ts.waiting_for_data = set()
         for d in deps:
             if d.key == ts.key:
                 continue
@@ -571,211 +478,200 @@ class WorkerState:
             if dts is None:
                 dts = tasks[d.key] = WTask(d.key)
                 dts.nbytes = d.nbytes
-                self._add_who_has(dts, d.who_has)
                 self._transition(dts, "fetch", sid)
-            elif dts.state != "memory":
-                st = dts.state
-                if st == "error":  # erred here, but a peer holds it now
+            elif dts.state == "error" or dts.state == "released":
+                if dts.state == "error":  # it failed here, but a peer holds it now
                     self._transition(dts, "released", sid)
                     dts.wanted = False
-                    st = "released"
-                if st != "executing" and st != "ready" and st != "waiting":
-                    dts.nbytes = d.nbytes
-                self._add_who_has(dts, d.who_has)
-                if st == "released":
-                    self._transition(dts, "fetch", sid)
-                elif st == "cancelled":
-                    self._transition(dts, dts.previous or "", sid)
-            ts.dependencies.add(dts)
-            dts.dependents.add(ts)
+                dts.nbytes = d.nbytes
+                self._transition(dts, "fetch", sid)
+            elif dts.state == "cancelled":  # needed again: let it run or arrive
+                self._transition(dts, dts.previous or "", sid)
             if dts.state != "memory":
+                self._add_who_has(dts, d.who_has)  # peers in the order given
                 ts.waiting_for_data.add(dts)
+            ts.dependencies.add(dts)
+            if dts.dependents is _NO_SET:
+                dts.dependents = set()
+            dts.dependents.add(ts)
 
     def _handle_free_keys(self, ev: FreeKeys) -> None:
-        sid = ev.stimulus_id
-        tasks = self.tasks
         for key in ev.keys:
-            ts = tasks.get(key)
-            if ts is None:
-                continue
-            self._story.append((key, "FreeKeys", sid))
-            ts.wanted = False
-            ts.resume = None
-            if not ts.dependents:
-                self._release(ts, sid)
+            ts = self.tasks.get(key)
+            if ts is not None:
+                self._log((key, "FreeKeys", ev.stimulus_id))
+                ts.wanted = False
+                ts.resume = None
+                if not ts.dependents:  # else kept until its dependents are done
+                    self._release(ts, ev.stimulus_id)
 
-    def _running(self, key: Key, finish: str) -> WTask:
-        ts = self.tasks.get(key)
+    def _finished(self, ev: ExecuteSuccess | ExecuteFailure, finish: str) -> WTask | None:
+        """The task whose thread ended, if its result counts."""
+        self._log((ev.key, type(ev).__name__, ev.stimulus_id))
+        ts = self.tasks.get(ev.key)
         if ts is None or ts not in self._executing:
             start = "forgotten" if ts is None else ts.state
-            raise InvalidTransition(key, start, finish, self._story.story(key))
+            raise InvalidTransition(ev.key, start, finish, self._story.story(ev.key))
         self._executing.discard(ts)
+        # A moving average of how long tasks take here: it sets how deep to pipeline.
+        self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
+        if ts.state == "cancelled":
+            self._forget_cancelled(ts, ev.stimulus_id)
+        if ts.state != "executing":
+            return None  # cancelled, or scattered over while it ran: the result is dropped
+        ts.start = ev.start
+        ts.stop = ev.stop
         return ts
 
     def _handle_execute_success(self, ev: ExecuteSuccess) -> None:
-        key = ev.key
-        sid = ev.stimulus_id
-        self._story.append((key, "ExecuteSuccess", sid))
-        ts = self._running(key, "memory")
-        if ts.state == "executing":
-            self.data[key] = ev.value
+        ts = self._finished(ev, "memory")
+        if ts is not None:
+            self.data[ev.key] = ev.value
             ts.nbytes = ev.nbytes
-            ts.start = ev.start
-            ts.stop = ev.stop
             ts.type_name = ev.type_name
-            self._transition(ts, "memory", sid)
+            self._transition(ts, "memory", ev.stimulus_id)
             if ts.wanted:
-                msg = TaskFinished(
-                    key, ev.nbytes, ev.start, ev.stop, ev.inline, ev.type_name, stimulus_id=sid
+                msg = m.TaskFinished(
+                    ev.key, ev.nbytes, ev.start, ev.stop, ev.inline, ev.type_name, ev.stimulus_id
                 )
-                self._send(msg, sid)
-        elif ts.state == "cancelled":
-            self._transition(ts, "released", sid)
-            self._transition(ts, "forgotten", sid)
-        # else memory: data was scattered meanwhile; this result is discarded
+                self._out.append(SendMessage(msg, ev.stimulus_id))
 
     def _handle_execute_failure(self, ev: ExecuteFailure) -> None:
-        key = ev.key
-        sid = ev.stimulus_id
-        self._story.append((key, "ExecuteFailure", sid))
-        ts = self._running(key, "error")
-        if ts.state == "executing":
-            ts.start = ev.start
-            ts.stop = ev.stop
-            self._transition(ts, "error", sid)
+        ts = self._finished(ev, "error")
+        if ts is not None:
+            self._transition(ts, "error", ev.stimulus_id)
             if ts.wanted:
-                msg = TaskErred(key, ev.exception, ev.traceback, ev.start, ev.stop, sid)
-                self._send(msg, sid)
-        elif ts.state == "cancelled":
-            self._transition(ts, "released", sid)
-            self._transition(ts, "forgotten", sid)
+                msg = m.TaskErred(
+                    ev.key, ev.exception, ev.traceback, ev.start, ev.stop, ev.stimulus_id
+                )
+                self._out.append(SendMessage(msg, ev.stimulus_id))
 
     def _handle_gather_success(self, ev: GatherSuccess) -> None:
-        worker = ev.worker
-        sid = ev.stimulus_id
-        asked = self._in_flight.pop(worker, None)
-        if asked is None:
-            return
-        data = ev.data
+        worker, sid, data = ev.worker, ev.stimulus_id, ev.data
         keys: list[Key] = []
         nbytes: list[int] = []
         lost: list[WTask] = []
-        for ts in asked:
+        for ts in self._in_flight.pop(worker, ()):
             if ts.coming_from != worker:
                 continue  # scattered or forgotten meanwhile
             key = ts.key
-            self._story.append((key, "GatherSuccess", sid))
+            self._log((key, "GatherSuccess", sid))
             if key not in data:
-                self._remove_who_has(ts, worker)
+                if worker in ts.who_has:
+                    ts.who_has.discard(worker)
+                    _unindex(self._has_what, worker, ts)
                 self._gather_missed(ts, sid, lost)
             elif ts.state == "cancelled":
-                self._transition(ts, "released", sid)
-                self._transition(ts, "forgotten", sid)
+                self._forget_cancelled(ts, sid)
             else:
                 self.data[key] = data[key]
                 nb = ts.nbytes = ev.nbytes.get(key, ts.nbytes)
-                resume = ts.resume
-                ts.resume = None
-                ts.wanted = True  # the scheduler is told below
+                resume, ts.resume = ts.resume, None
+                ts.wanted = True  # the scheduler learns of it below
                 self._transition(ts, "memory", sid)
-                if resume is not None:
-                    self._send(TaskFinished(key, nb, 0.0, 0.0, stimulus_id=sid), sid)
+                if resume is not None:  # it was asked to compute it: report it done
+                    msg = m.TaskFinished(key, nb, 0.0, 0.0, stimulus_id=sid)
+                    self._out.append(SendMessage(msg, sid))
                 else:
                     keys.append(key)
                     nbytes.append(nb)
         if keys:
-            self._send(AddKeys(keys, nbytes, sid), sid)
+            self._out.append(SendMessage(m.AddKeys(keys, nbytes, sid), sid))
         self._lost(lost, sid)
 
     def _handle_gather_failure(self, ev: GatherFailure) -> None:
-        worker = ev.worker
-        sid = ev.stimulus_id
+        worker, sid = ev.worker, ev.stimulus_id
         lost: list[WTask] = []
-        holders = self._has_what.pop(worker, None)
-        if holders:
-            self._data_needed.pop(worker, None)
-            for ts in holders:
-                ts.who_has.discard(worker)
-                if ts.state == "fetch" and not ts.who_has:
-                    self._story.append((ts.key, "GatherFailure", sid))
-                    self._transition(ts, "released", sid)
-                    lost.append(ts)
+        self._data_needed.pop(worker, None)
+        for ts in self._has_what.pop(worker, ()):  # the peer is gone for every task
+            ts.who_has.discard(worker)
+            if ts.state == "fetch" and not ts.who_has:
+                self._log((ts.key, "GatherFailure", sid))
+                self._transition(ts, "released", sid)
+                lost.append(ts)
         for ts in self._in_flight.pop(worker, ()):
             if ts.coming_from == worker:
-                self._story.append((ts.key, "GatherFailure", sid))
+                self._log((ts.key, "GatherFailure", sid))
                 self._gather_missed(ts, sid, lost)
         self._lost(lost, sid)
 
     def _gather_missed(self, ts: WTask, sid: str, lost: list[WTask]) -> None:
-        """``ts`` (flight or cancelled) did not come from the peer asked."""
+        """``ts`` (in flight or cancelled) did not come from the peer asked."""
         if ts.state == "cancelled":
+            self._forget_cancelled(ts, sid)
+        elif ts.resume is not None:  # the scheduler asked us to compute it: do so
+            ev, ts.resume = ts.resume, None
             self._transition(ts, "released", sid)
-            self._transition(ts, "forgotten", sid)
+            self._handle_compute(ev, sid)
         elif ts.who_has:
             self._transition(ts, "fetch", sid)
-        elif ts.resume is not None:  # the scheduler asked us to compute it: do so
-            ev = ts.resume
-            ts.resume = None
-            self._transition(ts, "released", sid)
-            self._handle_compute(ev)
         else:
             self._transition(ts, "released", sid)
             lost.append(ts)
 
     def _lost(self, lost: list[WTask], sid: str) -> None:
-        """No peer holds these released keys: give up their dependents (MissingData)."""
-        if not lost:
-            return
+        """No peer holds these (released) keys: give up their dependents."""
         by_dependent: dict[WTask, list[Key]] = {}
         for ts in lost:
-            for dependent in ts.dependents:
+            for dependent in sorted(ts.dependents, key=_order):
                 by_dependent.setdefault(dependent, []).append(ts.key)
-            self._pending_release.append(ts)
+            self._to_release.append(ts)
         for dependent, keys in by_dependent.items():
-            self._send(MissingData(dependent.key, keys, sid), sid)
-            dependent.wanted = False
+            self._out.append(SendMessage(m.MissingData(dependent.key, keys, sid), sid))
+            dependent.wanted = False  # the scheduler reschedules it
             dependent.resume = None
             self._release(dependent, sid)
 
     def _handle_update_data(self, ev: UpdateDataEvent) -> None:
-        sid = ev.stimulus_id
-        tasks = self.tasks
         for key, value in ev.data.items():
-            ts = tasks.get(key)
+            ts = self.tasks.get(key)
             if ts is None:
-                ts = tasks[key] = WTask(key)
-            self._story.append((key, "UpdateData", sid))
+                ts = self.tasks[key] = WTask(key)
+            self._log((key, "UpdateData", ev.stimulus_id))
             self.data[key] = value
             ts.nbytes = ev.nbytes.get(key, ts.nbytes)
             ts.wanted = True
             ts.resume = None
             if ts.state != "memory":
-                self._transition(ts, "memory", sid)
+                self._transition(ts, "memory", ev.stimulus_id)
 
-    # --- scheduling work ----------------------------------------------------------------
+    # --- starting work ------------------------------------------------------------------
+
+    @property
+    def execution_limit(self) -> int:
+        """How many tasks may be handed to the threads at once.
+
+        One per thread for tasks of a few milliseconds or more. For shorter tasks each
+        thread may have a few queued behind the one it runs (about PIPELINE_WINDOW
+        seconds' worth): it then goes from one to the next without waiting for the
+        event loop, and completions reach the scheduler in batches rather than one
+        frame per task. The priority order is kept; at most that window of work runs
+        before a newly arrived higher-priority task.
+        """
+        d = self._recent_duration
+        if d >= PIPELINE_WINDOW:
+            return self.nthreads
+        return self.nthreads * (1 + min(MAX_PIPELINE, int(PIPELINE_WINDOW / max(d, 1e-6))))
 
     def _ensure_computing(self, sid: str) -> None:
         heap = self._ready
-        executing = self._executing
-        while heap and len(executing) < self.nthreads:
+        limit = self.execution_limit
+        while heap and len(self._executing) < limit:
             _, seq, ts = heapq.heappop(heap)
             if ts.state == "ready" and ts.ready_seq == seq:
                 self._transition(ts, "executing", sid)
 
     def _ensure_communicating(self, sid: str) -> None:
-        needed = self._data_needed
-        in_flight = self._in_flight
-        limit = self.transfer_bytes_limit
+        needed, in_flight = self._data_needed, self._in_flight
         while needed and len(in_flight) < self.transfer_limit:
-            # busy peers are skipped: at most transfer_limit of them
+            # the first idle peer with wanted keys; at most transfer_limit are busy
             worker = next((w for w in needed if w not in in_flight), None)
             if worker is None:
                 return
-            candidates = needed[worker]
             batch: list[WTask] = []
             total = 0
-            for ts in candidates:
-                if batch and total + ts.nbytes > limit:
+            for ts in needed[worker]:
+                if batch and total + ts.nbytes > self.transfer_bytes_limit:
                     break
                 batch.append(ts)
                 total += ts.nbytes
@@ -783,129 +679,81 @@ class WorkerState:
             for ts in batch:
                 ts.coming_from = worker
                 self._transition(ts, "flight", sid)
-            self._instructions.append(GatherDep(worker, [ts.key for ts in batch], total, sid))
+            self._out.append(GatherDep(worker, [ts.key for ts in batch], total, sid))
 
-    # --- invariants -----------------------------------------------------------------------
+    # --- invariants ---------------------------------------------------------------------
 
     def validate_state(self) -> None:
-        try:
-            self._validate()
-        except AssertionError as e:
-            if isinstance(e, InvalidState):
-                raise
-            raise InvalidState(str(e)) from None
-
-    def _validate(self) -> None:
-        tasks = self.tasks
+        """Check every invariant; raise InvalidState on the first one broken."""
+        tasks, executing = self.tasks, self._executing
+        _check(not self._to_release, "releases left pending")
+        live = {seq for _, seq, ts in self._ready if ts.state == "ready"}
         n_ready = n_memory = 0
-        assert not self._pending_release, "pending releases left over"
-        heap_live = {seq for _, seq, ts in self._ready if ts.state == "ready"}
         for key, ts in tasks.items():
-            st = ts.state
-            where = f"{ts!r}"
-            assert ts.key == key, where
-            assert st in STATES, f"{where}: unknown state"
+            st, where = ts.state, repr(ts)
+            _check(ts.key == key and st in STATES, where)
             for dep in ts.dependencies:
-                assert tasks.get(dep.key) is dep, f"{where}: dependency {dep!r} not in tasks"
-                assert ts in dep.dependents, f"{where}: not a dependent of {dep!r}"
+                _check(tasks.get(dep.key) is dep and ts in dep.dependents, f"{where}: {dep!r}")
             for dep in ts.dependents:
-                assert tasks.get(dep.key) is dep, f"{where}: dependent {dep!r} not in tasks"
-                assert ts in dep.dependencies, f"{where}: not a dependency of {dep!r}"
-            expect_waiting = {d for d in ts.dependencies if d.state != "memory"}
-            assert ts.waiting_for_data == expect_waiting, f"{where}: waiting_for_data wrong"
-            if ts.dependencies:
-                assert st in ("waiting", "ready", "executing", "cancelled"), where
-                assert st != "cancelled" or ts.previous == "executing", where
+                _check(tasks.get(dep.key) is dep and ts in dep.dependencies, f"{where}: {dep!r}")
+            waiting = {d for d in ts.dependencies if d.state != "memory"}
+            _check(ts.waiting_for_data == waiting, f"{where}: waiting_for_data")
+            running = st == "executing" or (st == "cancelled" and ts.previous == "executing")
+            _check(not ts.dependencies or running or st in ("waiting", "ready"), where)
+            _check(running <= (ts in executing) <= (running or st == "memory"), where)
             for w in ts.who_has:
-                assert w != self.address, f"{where}: lists our own address"
-                assert ts in self._has_what.get(w, ()), f"{where}: {w} not indexed"
-            assert (key in self.data) == (st == "memory"), f"{where}: data disagrees"
-            assert (ts in self._executing) == (
-                st == "executing" or (st == "cancelled" and ts.previous == "executing")
-            ) or st == "memory", f"{where}: thread accounting"
-            if st != "cancelled":
-                assert ts.wanted or ts.dependents, f"{where}: neither wanted nor needed"
-                assert ts.previous is None, f"{where}: previous set"
-            if st not in ("flight", "cancelled"):
-                assert ts.coming_from is None, f"{where}: coming_from set"
-            if st != "flight":
-                assert ts.resume is None, f"{where}: resume set"
-            if st in ("waiting", "ready", "executing"):
-                assert ts.run_spec is not None or st == "executing", f"{where}: no run_spec"
+                _check(w != self.address and ts in self._has_what.get(w, ()), f"{where}: {w}")
+            _check((key in self.data) == (st == "memory"), f"{where}: data")
+            _check(st == "cancelled" or ts.wanted or ts.dependents, f"{where}: unwanted")
+            _check(st == "cancelled" or ts.previous is None, f"{where}: previous")
+            _check(st in ("flight", "cancelled") or ts.coming_from is None, where)
+            _check(ts.resume is None or (st == "flight" and ts.wanted), f"{where}: resume")
+            _check(st not in ("waiting", "ready") or ts.run_spec is not None, where)
             if st == "waiting":
-                assert ts.waiting_for_data, f"{where}: waiting for nothing"
+                _check(ts.waiting_for_data, f"{where}: waiting for nothing")
             elif st == "ready":
                 n_ready += 1
-                assert ts.ready_seq in heap_live, f"{where}: not in the ready heap"
+                _check(ts.ready_seq in live, f"{where}: not in the ready heap")
             elif st == "fetch":
-                assert ts.who_has, f"{where}: nobody to fetch from"
-                assert ts.dependents, f"{where}: fetched for nobody"
+                _check(ts.who_has and ts.dependents, where)
                 for w in ts.who_has:
-                    assert ts in self._data_needed.get(w, ()), f"{where}: not in data_needed"
+                    _check(ts in self._data_needed.get(w, ()), f"{where}: data_needed")
             elif st == "flight" or (st == "cancelled" and ts.previous == "flight"):
-                src = ts.coming_from
-                assert src and any(t is ts for t in self._in_flight.get(src, ())), where
-                assert st == "cancelled" or ts.dependents or ts.resume is not None, where
-                assert ts.resume is None or ts.wanted, f"{where}: resume but not wanted"
+                src = ts.coming_from or ""
+                _check(any(t is ts for t in self._in_flight.get(src, ())), f"{where}: flight")
+                _check(st == "cancelled" or ts.dependents or ts.resume is not None, where)
             elif st == "memory":
                 n_memory += 1
-                assert not ts.who_has, f"{where}: who_has in memory"
+                _check(not ts.who_has, f"{where}: who_has")
             elif st == "released":
-                assert ts.dependents and not ts.wanted, f"{where}: released and kept"
+                _check(ts.dependents and not ts.wanted and not ts.who_has, f"{where}: stub")
             elif st == "cancelled":
-                assert ts.previous in ("executing", "flight"), f"{where}: previous"
-                assert not ts.dependents and not ts.wanted, f"{where}: cancelled but needed"
-        assert n_memory == len(self.data), "data holds keys not in memory"
-        assert n_ready == self._n_ready, f"ready count {self._n_ready} != {n_ready}"
-        for ts in self._executing:
-            assert tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks"
-        for w, holders in self._has_what.items():
-            assert holders, f"empty has_what entry for {w}"
-            for ts in holders:
-                assert tasks.get(ts.key) is ts and w in ts.who_has, f"has_what[{w}]: {ts!r}"
+                _check(ts.previous in ("executing", "flight"), f"{where}: previous")
+                _check(not ts.dependents and not ts.wanted, f"{where}: needed")
+        _check(n_memory == len(self.data), "data holds keys not in memory")
+        _check(n_ready == self._n_ready, f"ready count {self._n_ready} != {n_ready}")
+        for ts in executing:
+            _check(tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks")
+        for index in (self._has_what, self._data_needed):
+            for w, holders in index.items():
+                _check(holders, f"empty index entry {w}")
+                for ts in holders:
+                    _check(tasks.get(ts.key) is ts and w in ts.who_has, f"{w}: {ts!r}")
         for w, needed in self._data_needed.items():
-            assert needed, f"empty data_needed entry for {w}"
-            for ts in needed:
-                assert ts.state == "fetch" and w in ts.who_has, f"data_needed[{w}]: {ts!r}"
-        assert len(self._in_flight) <= self.transfer_limit, "too many transfers"
-        assert len(self._executing) <= self.nthreads, "too many executions"
-        if len(self._executing) < self.nthreads:
-            assert not self._n_ready, "idle thread while tasks are ready"
-        if len(self._in_flight) < self.transfer_limit:
-            idle = [w for w in self._data_needed if w not in self._in_flight]
-            assert not idle, f"idle transfer slot while {idle} hold wanted data"
+            _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
+        _check(len(self._in_flight) <= self.transfer_limit, "too many transfers")
+        _check(len(executing) <= self.execution_limit, "too many executions")
+        _check(len(executing) >= self.execution_limit or not self._n_ready, "an idle thread")
+        idle = [w for w in self._data_needed if w not in self._in_flight]
+        _check(len(self._in_flight) == self.transfer_limit or not idle, f"idle slot: {idle}")
 
 
+# The one transition table: (start, finish) -> WorkerState._transition_<start>_<finish>
 WorkerState._TRANSITIONS = {
-    ("released", "waiting"): WorkerState._transition_released_waiting,
-    ("released", "ready"): WorkerState._transition_released_ready,
-    ("released", "fetch"): WorkerState._transition_released_fetch,
-    ("released", "memory"): WorkerState._transition_released_memory,
-    ("released", "forgotten"): WorkerState._transition_released_forgotten,
-    ("waiting", "ready"): WorkerState._transition_waiting_ready,
-    ("waiting", "released"): WorkerState._transition_waiting_released,
-    ("waiting", "memory"): WorkerState._transition_waiting_memory,
-    ("ready", "executing"): WorkerState._transition_ready_executing,
-    ("ready", "released"): WorkerState._transition_ready_released,
-    ("ready", "memory"): WorkerState._transition_ready_memory,
-    ("executing", "memory"): WorkerState._transition_executing_memory,
-    ("executing", "error"): WorkerState._transition_executing_error,
-    ("executing", "cancelled"): WorkerState._transition_executing_cancelled,
-    ("fetch", "flight"): WorkerState._transition_fetch_flight,
-    ("fetch", "released"): WorkerState._transition_fetch_released,
-    ("fetch", "memory"): WorkerState._transition_fetch_memory,
-    ("flight", "memory"): WorkerState._transition_flight_memory,
-    ("flight", "fetch"): WorkerState._transition_flight_fetch,
-    ("flight", "released"): WorkerState._transition_flight_released,
-    ("flight", "cancelled"): WorkerState._transition_flight_cancelled,
-    ("cancelled", "executing"): WorkerState._transition_cancelled_executing,
-    ("cancelled", "flight"): WorkerState._transition_cancelled_flight,
-    ("cancelled", "released"): WorkerState._transition_cancelled_released,
-    ("cancelled", "memory"): WorkerState._transition_cancelled_memory,
-    ("memory", "released"): WorkerState._transition_memory_released,
-    ("memory", "cancelled"): WorkerState._transition_memory_cancelled,
-    ("error", "released"): WorkerState._transition_error_released,
-    ("error", "memory"): WorkerState._transition_error_memory,
+    (start, finish): getattr(WorkerState, name)
+    for name in dir(WorkerState)
+    if name.startswith("_transition_")
+    for start, _, finish in [name.removeprefix("_transition_").partition("_")]
 }
 WorkerState._HANDLERS = {
     ComputeTask: WorkerState._handle_compute,

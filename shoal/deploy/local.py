@@ -102,6 +102,7 @@ class LocalCluster:
             sched_file,
             "--watch-pid",
             str(os.getpid()),
+            "--quiet",  # the address is ours to report, not the user's stdout's
             *(["--validate"] if self.validate else []),
         )
         deadline = time.monotonic() + self.timeout

@@ -11,8 +11,6 @@ User data never appears here as Python objects: it travels as :class:`Payload`
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 PROTOCOL_VERSION = 1
@@ -251,6 +249,7 @@ class DataReply(Message):
     keys: list[Key]
     payloads: list[Payload]
     missing: list[Key] = []
+    failed: list[tuple[Key, str]] = []  # held, but could not be serialised: why
 
 
 class UpdateData(Message):
@@ -264,33 +263,33 @@ class Ack(Message):
     nbytes: list[int] = []
 
 
-AnyMessage = Union[
-    Hello,
-    Welcome,
-    Refused,
-    SubmitTasks,
-    ReleaseKeys,
-    CancelKeys,
-    WantKeys,
-    ScatterDone,
-    WhoHasRequest,
-    InfoRequest,
-    KeyInMemory,
-    KeyErred,
-    KeyCancelled,
-    WhoHasReply,
-    InfoReply,
-    FunctionDefs,
-    ComputeTask,
-    FreeKeys,
-    TaskFinished,
-    TaskErred,
-    AddKeys,
-    MissingData,
-    GetData,
-    DataReply,
-    UpdateData,
-    Ack,
-]
+AnyMessage = (
+    Hello
+    | Welcome
+    | Refused
+    | SubmitTasks
+    | ReleaseKeys
+    | CancelKeys
+    | WantKeys
+    | ScatterDone
+    | WhoHasRequest
+    | InfoRequest
+    | KeyInMemory
+    | KeyErred
+    | KeyCancelled
+    | WhoHasReply
+    | InfoReply
+    | FunctionDefs
+    | ComputeTask
+    | FreeKeys
+    | TaskFinished
+    | TaskErred
+    | AddKeys
+    | MissingData
+    | GetData
+    | DataReply
+    | UpdateData
+    | Ack
+)
 
-ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__  # type: ignore[attr-defined]
+ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

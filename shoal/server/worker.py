@@ -37,6 +37,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.serialize import (
     FunctionCache,
+    SerializationError,
     dumps_exception,
     dumps_inline,
     dumps_value,
@@ -164,20 +165,21 @@ class Worker:
         instructions = self.state.handle(*events)
         send = self.scheduler.send if self.scheduler is not None else None
         for inst in instructions:
-            t = type(inst)
-            if t is Execute:
-                self._execute(inst.key)
-            elif t is SendMessage:
+            if isinstance(inst, SendMessage):
                 if send is not None:
                     send(inst.msg)
-            elif t is GatherDep:
+            elif isinstance(inst, Execute):
+                self._execute(inst.key)
+            elif isinstance(inst, GatherDep):
                 self._spawn(self._gather(inst))
             else:  # pragma: no cover - a new instruction the shell does not know
                 raise TypeError(f"unknown instruction {inst!r}")
 
     def _execute(self, key: Any) -> None:
         assert self.state is not None
-        func_id, payload = self.state.tasks[key].run_spec
+        run_spec = self.state.tasks[key].run_spec
+        assert run_spec is not None
+        func_id, payload = run_spec
         if self.zero:
             now = time.time()
             event = ExecuteSuccess(
@@ -281,7 +283,7 @@ class Worker:
                 worker=inst.worker,
                 data=data,
                 nbytes=nbytes,
-                missing=list(reply.missing),
+                missing=list(reply.missing) + [k for k, _ in reply.failed],
                 stimulus_id=stimulus_id,
             )
         except (TimeoutError, OSError, CommClosedError, HandshakeError, AssertionError) as e:
@@ -322,16 +324,20 @@ class Worker:
     def _serve_data(self, conn: Connection, msg: m.GetData) -> None:
         assert self.state is not None
         data = self.state.data
-        keys, payloads, buffers, missing = [], [], [], []
+        keys, payloads, buffers, missing, failed = [], [], [], [], []
         for key in msg.keys:
-            if key in data:
-                payload, bufs = dumps_value(data[key])
-                keys.append(key)
-                payloads.append(payload)
-                buffers.extend(bufs)
-            else:
+            if key not in data:
                 missing.append(key)
-        conn.send(m.DataReply(msg.request_id, keys, payloads, missing), buffers)
+                continue
+            try:
+                payload, bufs = dumps_value(data[key])
+            except SerializationError as e:  # one bad value must not sink the others
+                failed.append((key, str(e)))
+                continue
+            keys.append(key)
+            payloads.append(payload)
+            buffers.extend(bufs)
+        conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
         data: dict[Any, Any] = {}

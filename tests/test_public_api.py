@@ -1,0 +1,31 @@
+"""The public surface of ``shoal`` is curated: changing it is a decision, not an accident."""
+
+import shoal
+
+EXPECTED = [
+    "CancelledError",
+    "Client",
+    "Future",
+    "LocalCluster",
+    "SerializationError",
+    "__version__",
+    "as_completed",
+    "wait",
+]
+
+
+def test_all_is_pinned():
+    assert sorted(shoal.__all__) == EXPECTED
+
+
+def test_every_public_name_resolves():
+    for name in shoal.__all__:
+        assert getattr(shoal, name) is not None, name
+
+
+def test_no_accidental_public_modules():
+    # Subpackages are importable, but nothing else leaks into the top-level namespace
+    # except modules Python itself binds while importing them.
+    public = {n for n in vars(shoal) if not n.startswith("_")}
+    modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli"}
+    assert public - set(shoal.__all__) <= modules

@@ -116,7 +116,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
     m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1"),
     m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
-    m.DataReply: m.DataReply(request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)]),
+    m.DataReply: m.DataReply(
+        request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)], failed=[("c", "why")]
+    ),
     m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
     m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
 }

@@ -104,10 +104,10 @@ class SchedulerState:
                 continue
             recs.update(self._transition(ts, finish, stimulus_id))
 
-    def _done(self) -> None:
+    def _done(self, stimulus_id: str) -> None:
         """End of one event: hand queued tasks to free threads, then check."""
         if self.nqueued and self.free_workers:
-            self._schedule_queued("fill-queue")
+            self._schedule_queued(stimulus_id)
         if self.validate:
             self.validate_state()
 
@@ -123,7 +123,7 @@ class SchedulerState:
         self.free_workers.add(ws)
         self.log.append(("worker-added", address, stimulus_id))
         # Tasks that could not be placed without workers may go now.
-        self._done()
+        self._done(stimulus_id)
         return ws
 
     def remove_worker(self, address: str, stimulus_id: str) -> None:
@@ -148,7 +148,7 @@ class SchedulerState:
         for ts in lost:
             recs.update(self._transition(ts, "released", stimulus_id))
         self._transitions(recs, stimulus_id)
-        self._done()
+        self._done(stimulus_id)
 
     def add_client(self, client_id: str) -> None:
         if client_id not in self.clients:
@@ -159,7 +159,7 @@ class SchedulerState:
         if cs is None:
             return
         self._release_wants(cs, list(cs.wants), stimulus_id)
-        self._done()
+        self._done(stimulus_id)
 
     # ------------------------------------------------------------------ events: clients
 
@@ -172,7 +172,7 @@ class SchedulerState:
             if handler is None:
                 raise TypeError(f"a client may not send {type(msg).__name__}")
             handler(self, cs, msg)
-        self._done()
+        self._done(getattr(msgs[-1], "stimulus_id", "") if msgs else "")
 
     def _submit_tasks(self, cs: ClientRecord, msg: m.SubmitTasks) -> None:
         stimulus_id = msg.stimulus_id
@@ -215,6 +215,7 @@ class SchedulerState:
                 errs[ts] = "erred"
             else:
                 recs[ts] = "waiting"
+        self._refuse_cycles([ts for ts, _ in new], recs, errs)
         for key in msg.wanted:
             ts = tasks.get(key)
             if ts is None:
@@ -228,6 +229,43 @@ class SchedulerState:
         self._transitions(errs, stimulus_id)
         recs = {ts: finish for ts, finish in recs.items() if ts.state == "released"}
         self._transitions(recs, stimulus_id)
+
+    def _refuse_cycles(self, new: list[TaskState], recs: Recs, errs: Recs) -> None:
+        """Err every new task on, or downstream of, a dependency cycle.
+
+        Only new tasks can form a cycle (older ones cannot depend on them). Kahn's
+        algorithm over the new tasks: whatever never becomes free is cyclic. Their
+        links to each other are cut, so they can be forgotten like any erred task."""
+        if not new:
+            return
+        pending = {ts: 0 for ts in new}
+        for ts in new:
+            for dts in ts.dependencies:
+                if dts in pending:
+                    pending[ts] += 1
+        free = [ts for ts, n in pending.items() if n == 0]
+        while free:
+            ts = free.pop()
+            del pending[ts]
+            for dts in ts.dependents:
+                if dts in pending:
+                    pending[dts] -= 1
+                    if pending[dts] == 0:
+                        free.append(dts)
+        if not pending:
+            return
+        keys = sorted((repr(ts.key) for ts in pending))
+        shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
+        for ts in pending:
+            for dts in list(ts.dependencies):
+                if dts in pending:
+                    ts.dependencies.discard(dts)
+                    dts.dependents.discard(ts)
+        for ts in pending:
+            problem = f"is on or after a dependency cycle among the keys {shown}"
+            ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
+            recs.pop(ts, None)
+            errs[ts] = "erred"
 
     def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
         ts.who_wants.add(cs)
@@ -327,7 +365,7 @@ class SchedulerState:
             if handler is None:
                 raise TypeError(f"a worker may not send {type(msg).__name__}")
             handler(self, ws, msg)
-        self._done()
+        self._done(getattr(msgs[-1], "stimulus_id", "") if msgs else "")
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)

@@ -38,7 +38,7 @@ def test_root_task_released_waiting_queued_processing_memory():
     assert sim.states() == {"a": "processing"}
     assert sim.to_worker(W1) == [
         FunctionDefs(FUNCS),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "fill-queue"),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "submit"),
     ]
     assert sim.to_client() == []
     sim.finish("a", nbytes=16, value=Payload(0, b"\x01"))
@@ -48,7 +48,7 @@ def test_root_task_released_waiting_queued_processing_memory():
     assert story(sim, "a") == [
         ("released", "waiting", "submit"),
         ("waiting", "queued", "submit"),
-        ("queued", "processing", "fill-queue"),
+        ("queued", "processing", "submit"),
         ("processing", "memory", "done-a"),
     ]
     ts = sim.ts("a")
@@ -399,9 +399,9 @@ def test_function_defs_sent_once_per_worker_per_function():
     for worker, (first, second) in [(W1, "ac"), (W2, "bd")]:
         assert sim.to_worker(worker) == [
             FunctionDefs({"f": b"F"}),
-            ComputeTask(first, "f", ARGS, sim.ts(first).priority, [], "fill-queue"),
+            ComputeTask(first, "f", ARGS, sim.ts(first).priority, [], "submit"),
             FunctionDefs({"g": b"G"}),
-            ComputeTask(second, "g", ARGS, sim.ts(second).priority, [], "fill-queue"),
+            ComputeTask(second, "g", ARGS, sim.ts(second).priority, [], "submit"),
         ]
     # known functions need not be sent again by the client, nor by the scheduler
     sim.submit({"e": [], "e2": []}, func={"e2": "g"}, functions={})

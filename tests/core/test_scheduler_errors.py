@@ -148,7 +148,7 @@ def test_retries_rerun_then_err():
     # the task goes back through the queue, to the least loaded worker (ties: address)
     assert sim.to_worker(W1) == [
         FreeKeys(["a"], "f1"),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "fill-queue"),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1"),
     ]
     assert sim.state("a") == "processing" and sim.ts("a").retries == 1
     assert sim.state("b") == "waiting" and sim.to_client() == []
@@ -209,12 +209,25 @@ def test_unknown_function_errs():
     assert [m.key for m in sim.to_worker(W1) if isinstance(m, ComputeTask)] == ["a"]
 
 
-@pytest.mark.xfail(strict=True, reason="cycles are not detected: the tasks wait forever")
-@pytest.mark.parametrize("dag", [{"a": ["a"]}, {"a": ["b"], "b": ["a"]}])
-def test_a_dependency_cycle_errs(dag):
+@pytest.mark.parametrize(
+    "dag",
+    [
+        {"a": ["a"]},
+        {"a": ["b"], "b": ["a"]},
+        {"x": [], "a": ["x", "c"], "b": ["a"], "c": ["b"], "d": ["c"]},
+    ],
+)
+def test_a_dependency_cycle_errs_naming_its_keys(dag):
     sim = Sim()
     sim.submit(dag)
-    assert set(sim.states().values()) == {"erred"}
+    cyclic = set(dag) - {"x"}
+    assert {k for k, st in sim.states().items() if st == "erred"} == cyclic
+    errors = {m.key: scheduler_error(m) for m in sim.to_client() if isinstance(m, KeyErred)}
+    assert set(errors) == cyclic
+    for exc in errors.values():
+        assert isinstance(exc, ValueError) and "cycle" in str(exc) and "'a'" in str(exc)
+    sim.release(*cyclic)
+    assert set(sim.s.tasks) <= {"x"}
 
 
 # --- release and forget ---------------------------------------------------------------------

@@ -146,8 +146,8 @@ def test_chains_lost_with_a_worker_are_recomputed_from_the_bottom():
     sim.remove_worker(W1, sid="gone")
     assert sim.to_worker(W2) == [
         FunctionDefs(FUNCS),  # W2's first task
-        ComputeTask("a-0", "f", ARGS, sim.ts("a-0").priority, [], "fill-queue"),
-        ComputeTask("a-1", "f", ARGS, sim.ts("a-1").priority, [], "fill-queue"),
+        ComputeTask("a-0", "f", ARGS, sim.ts("a-0").priority, [], "gone"),
+        ComputeTask("a-1", "f", ARGS, sim.ts("a-1").priority, [], "gone"),
     ]
     for i in range(chains):
         assert sim.state(f"b-{i}") == "waiting"
@@ -186,7 +186,7 @@ def test_missing_data_recomputes_the_dependency_then_reruns_the_task():
     assert sim.to_worker(W1) == [FreeKeys(["a"], "miss")]
     assert sim.to_worker(W2) == [
         FreeKeys(["b"], "miss"),
-        ComputeTask("a", "f", ARGS, sim.ts("a").priority, [], "fill-queue"),
+        ComputeTask("a", "f", ARGS, sim.ts("a").priority, [], "miss"),
     ]
     assert sim.state("a") == "processing" and sim.state("b") == "waiting"
     assert sim.ts("a").who_has == set() and sim.holds(W1) == set()
@@ -219,7 +219,7 @@ def test_missing_data_for_a_chain_recomputes_it_from_the_bottom():
     assert sorted(sim.freed(W1)) == ["x", "y"]
     assert sim.to_worker(W2) == [
         FreeKeys(["t"], "miss"),
-        ComputeTask("x", "f", ARGS, sim.ts("x").priority, [], "fill-queue"),
+        ComputeTask("x", "f", ARGS, sim.ts("x").priority, [], "miss"),
     ]
     assert sim.states() == {
         "x": "processing",

@@ -17,6 +17,7 @@ import inspect
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,10 +45,8 @@ def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     # Children of the group may outlive the leader: always finish with SIGKILL.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -120,7 +119,10 @@ class CallThread:
 
     def _loop(self):
         while True:
-            fn, box, done = self._q.get()
+            item = self._q.get()
+            if item is None:
+                return
+            fn, box, done = item
             try:
                 box["value"] = fn()
             except BaseException as e:  # handed back to the caller
@@ -139,6 +141,10 @@ class CallThread:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def close(self):
+        """Let the thread end once it is idle (a stuck one stays stuck, as a daemon)."""
+        self._q.put(None)
 
 
 # --- systems -------------------------------------------------------------------------
@@ -219,6 +225,44 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _thread_runtimes(pid: int) -> dict[int, int] | None:
+    """Nanoseconds on CPU per thread, from /proc/PID/task/TID/schedstat (None if unreadable)."""
+    try:
+        out = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            path = f"/proc/{pid}/task/{tid}/schedstat"
+            with contextlib.suppress(FileNotFoundError), open(path) as fh:  # may just exit
+                out[int(tid)] = int(fh.read().split()[0])
+        return out
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class CpuSnapshot:
+    ticks: float  # psutil user+system seconds (clock-tick resolution, 10 ms)
+    threads: list[dict[int, int] | None]  # per process: ns on CPU per thread
+
+
+def cpu_snapshot(procs: list[psutil.Process]) -> CpuSnapshot:
+    return CpuSnapshot(cpu_seconds(procs), [_thread_runtimes(p.pid) for p in procs])
+
+
+def cpu_delta(a: CpuSnapshot, b: CpuSnapshot) -> tuple[float, bool]:
+    """CPU seconds between two snapshots and whether the precise source was used.
+
+    Precise: the per-thread scheduler runtimes (ns) summed over the threads alive at
+    the end, valid if no thread alive at the start has exited (its time would be
+    lost). Otherwise the psutil user+system figure, with clock-tick resolution.
+    """
+    total = 0
+    for before, after in zip(a.threads, b.threads, strict=True):
+        if before is None or after is None or not before.keys() <= after.keys():
+            return b.ticks - a.ticks, False
+        total += sum(ns - before.get(tid, 0) for tid, ns in after.items())
+    return total / 1e9, True
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -257,7 +301,7 @@ class Cluster:
         try:
             self._start()
         except BaseException:
-            self.stop()
+            self.stop(remove_logs=False)
             raise
         return self
 
@@ -283,18 +327,26 @@ class Cluster:
         self.api = Api(wait=mod.wait, map_kwargs=map_kwargs, check=not self.zero)
         self._wait_workers(deadline)
 
-    def _check_alive(self):
-        procs = [("scheduler", self.scheduler)] + [(f"worker {i}", w) for i, w in enumerate(self.workers)]
-        for what, p in procs:
-            if p is not None and p.poll() is not None:
-                raise ClusterError(
-                    f"{self.system.name} {what} exited with code {p.returncode}: "
-                    f"{' '.join(map(str, p.args))}\n{tail(self.dir / self._log_name(what))}"
-                )
+    def _named_procs(self) -> list[tuple[str, str, subprocess.Popen]]:
+        named = [("scheduler", "scheduler.log", self.scheduler)]
+        named += [(f"worker w{i}", f"worker-w{i}.log", w) for i, w in enumerate(self.workers)]
+        return [(what, log, p) for what, log, p in named if p is not None]
 
-    @staticmethod
-    def _log_name(what: str) -> str:
-        return "scheduler.log" if what == "scheduler" else f"worker-w{what.split()[-1]}.log"
+    def diagnose(self) -> str:
+        """Which processes died (exit code, command, log tail); '' if none."""
+        lines = []
+        for what, log, p in self._named_procs():
+            if p.poll() is not None:
+                lines.append(
+                    f"{self.system.name} {what} exited with code {p.returncode}: "
+                    f"{' '.join(map(str, p.args))}\n{tail(self.dir / log)}"
+                )
+        return "\n".join(lines)
+
+    def _check_alive(self):
+        dead = self.diagnose()
+        if dead:
+            raise ClusterError(dead)
 
     def _wait_scheduler_file(self, deadline: float) -> dict:
         while time.monotonic() < deadline:
@@ -321,26 +373,28 @@ class Cluster:
             time.sleep(0.1)
         raise ClusterError(f"{self.system.name}: only {n}/{self.n_workers} workers connected in time")
 
-    def stop(self):
+    def stop(self, remove_logs: bool = True):
+        """Close the client, kill the processes; delete the log directory if asked."""
         if self.client is not None and not self.thread.stuck:
             with contextlib.suppress(Exception):
                 self.thread.call(self.client.close, 20.0)
         self.client = None
+        self.thread.close()
         for proc in [*self.workers, self.scheduler]:
             if proc is not None:
                 _kill_group(proc)
+        if remove_logs:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- measuring --
 
     def call(self, fn: Callable[[], Any], timeout: float) -> Any:
         return self.thread.call(fn, timeout)
 
-    def scheduler_cpu(self) -> float:
+    def cpu_snapshot(self) -> tuple[CpuSnapshot, CpuSnapshot]:
+        """(scheduler, workers) CPU snapshots."""
         assert self.scheduler_proc is not None
-        return cpu_seconds([self.scheduler_proc])
-
-    def worker_cpu(self) -> float:
-        return cpu_seconds(self.worker_procs)
+        return cpu_snapshot([self.scheduler_proc]), cpu_snapshot(self.worker_procs)
 
     def wait_idle(self, timeout: float = 10.0, window: float = 0.2, threshold: float = 0.02):
         """Wait until scheduler and workers use < ``threshold`` CPU-s per ``window``.

@@ -254,7 +254,7 @@ class SchedulerState:
                         free.append(dts)
         if not pending:
             return
-        keys = sorted((repr(ts.key) for ts in pending))
+        keys = sorted(repr(ts.key) for ts in pending)
         shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
         for ts in pending:
             for dts in list(ts.dependencies):

@@ -65,7 +65,7 @@ def scheduler(
     _setup_logging(log_level)
 
     async def serve() -> None:
-        s = await Scheduler(host, port, validate=validate).start()
+        s = await Scheduler(host, port, validate=validate, owns_process=True).start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
         _stop_on_signals(stop)
         if scheduler_file:
@@ -142,6 +142,7 @@ def worker(
             memory_limit=memory_limit,
             zero=zero,
             validate=validate,
+            owns_process=True,
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -158,6 +158,10 @@ class Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def last_queued(self) -> m.Message | None:
+        """The newest message not yet written, if any (for coalescing)."""
+        return self._out[-1] if self._out else None
+
     def flush(self) -> None:
         self._flush_scheduled = False
         if not self._out or self.closed or self.transport is None:

@@ -45,6 +45,7 @@ from shoal.protocol.serialize import (
     loads_value,
     sizeof,
 )
+from shoal.server.scheduler import tune_gc
 
 logger = logging.getLogger("shoal.worker")
 
@@ -62,6 +63,7 @@ class Worker:
         memory_limit: int | None = None,
         zero: bool = False,
         validate: bool = False,
+        owns_process: bool = False,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -73,6 +75,7 @@ class Worker:
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
+        self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
         self.state: WorkerState | None = None
@@ -92,6 +95,8 @@ class Worker:
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> Worker:
+        if self.owns_process:
+            tune_gc()
         self._loop = asyncio.get_running_loop()
         self._server, self.address = await listen(self.host, self.port, self._accept_peer)
         self.state = WorkerState(self.nthreads, self.address, validate=self.validate)

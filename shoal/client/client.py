@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shoal.client.futures import Future, FutureState
+from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.tcp import connect
@@ -466,8 +466,7 @@ class Client:
         values: dict[Key, Any] = {}
         async with asyncio.timeout(timeout):
             while True:
-                for f in futures:
-                    await f._state.wait_async()
+                await wait_states([f._state for f in futures])
                 for f in futures:
                     st = f._state
                     if st.status == "cancelled" or (st.status == "error" and errors == "raise"):

@@ -9,6 +9,7 @@ reads the event, a waiter writes the event before it re-reads the status).
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -216,37 +217,45 @@ def wait(
     return client._sync(coro)
 
 
+async def wait_states(states: Iterable[FutureState], return_when: str = "ALL_COMPLETED") -> None:
+    """Wait on the loop until all (or the first, or the first failed) of ``states`` are
+    done: one countdown future fed by done-callbacks, not a task per state."""
+    pending = [st for st in set(states) if not st.done()]
+    if not pending:
+        return
+    if return_when == "FIRST_EXCEPTION" and any(st.status == "error" for st in states):
+        return
+    done = asyncio.get_running_loop().create_future()
+    remaining = len(pending)
+
+    def one_done(st: FutureState) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if done.done():
+            return
+        if (
+            remaining == 0
+            or return_when == "FIRST_COMPLETED"
+            or (return_when == "FIRST_EXCEPTION" and st.status == "error")
+        ):
+            done.set_result(None)
+
+    for st in pending:
+        st.on_done(functools.partial(one_done, st))
+    await done
+
+
 async def _wait_async(futures: list[Future], timeout: float | None, return_when: str) -> Any:
     if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"):
         raise ValueError(f"unknown return_when {return_when!r}")
-    states = {f._state for f in futures}
-    pending = {st for st in states if not st.done()}
-    # Already satisfied: a future is done (FIRST_COMPLETED) or has failed (FIRST_EXCEPTION).
-    satisfied = (return_when == "FIRST_COMPLETED" and len(pending) < len(states)) or (
-        return_when == "FIRST_EXCEPTION" and any(st.status == "error" for st in states)
-    )
-    if pending and not satisfied:
-        tasks = [asyncio.ensure_future(st.wait_async()) for st in pending]
-        mode = {
-            "ALL_COMPLETED": asyncio.ALL_COMPLETED,
-            "FIRST_COMPLETED": asyncio.FIRST_COMPLETED,
-            "FIRST_EXCEPTION": asyncio.FIRST_COMPLETED,
-        }[return_when]
+    states = [f._state for f in futures]
+    if not (return_when == "FIRST_COMPLETED" and any(st.done() for st in states)):
         try:
-            if return_when == "FIRST_EXCEPTION":
-                remaining = set(tasks)
-                async with asyncio.timeout(timeout):
-                    while remaining:
-                        _, remaining = await asyncio.wait(remaining, return_when=mode)
-                        if any(f.status == "error" for f in futures):
-                            break
-            else:
-                _, not_done = await asyncio.wait(tasks, timeout=timeout, return_when=mode)
-                if not_done and return_when == "ALL_COMPLETED":
-                    raise TimeoutError(f"{len(not_done)} futures not done within {timeout}s")
-        finally:
-            for t in tasks:
-                t.cancel()
+            await asyncio.wait_for(wait_states(states, return_when), timeout)
+        except TimeoutError:
+            if return_when == "ALL_COMPLETED":
+                n = sum(not st.done() for st in states)
+                raise TimeoutError(f"{n} futures not done within {timeout}s") from None
     done = {f for f in futures if f.done()}
     return DoneAndNotDoneFutures(done, {f for f in futures if not f.done()})
 

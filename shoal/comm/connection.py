@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
+from shoal.core.story import InvalidState, InvalidTransition
 from shoal.protocol import messages as m
 from shoal.protocol.framing import (
     DEFAULT_MAX_FRAME,
@@ -37,6 +39,9 @@ class CommClosedError(ConnectionError):
 
 class Connection(asyncio.Protocol):
     _ids = itertools.count(1)
+    # Set (per process) when running with validate=True: a broken invariant is a bug
+    # that must fail loudly, not close one connection.
+    fatal_on_invalid_state = False
 
     def __init__(
         self, on_frame: FrameHandler | None = None, max_frame_size: int = DEFAULT_MAX_FRAME
@@ -96,6 +101,12 @@ class Connection(asyncio.Protocol):
             self.on_frame(self, frame)
         except ProtocolError as e:
             self.abort(f"protocol error from {self.peer}: {e}")
+        except (InvalidState, InvalidTransition) as e:
+            if self.fatal_on_invalid_state:  # validate mode: a broken invariant stops all
+                logger.critical("state machine failure, exiting:\n%s", e)
+                os._exit(70)
+            logger.exception("state machine failure handling a message from %s", self.peer)
+            self.abort(f"error handling a message: {type(e).__name__}: {e}")
         except Exception as e:
             logger.exception("error handling a message from %s", self.peer)
             self.abort(f"error handling a message: {type(e).__name__}: {e}")

@@ -742,7 +742,7 @@ class WorkerState:
         for w, needed in self._data_needed.items():
             _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
         _check(len(self._in_flight) <= self.transfer_limit, "too many transfers")
-        _check(len(executing) <= self.execution_limit, "too many executions")
+        # (no upper bound on executions: the limit shrinks when tasks get slower)
         _check(len(executing) >= self.execution_limit or not self._n_ready, "an idle thread")
         idle = [w for w in self._data_needed if w not in self._in_flight]
         _check(len(self._in_flight) == self.transfer_limit or not idle, f"idle slot: {idle}")

@@ -78,6 +78,7 @@ class Scheduler:
     async def start(self) -> Scheduler:
         if self.owns_process:
             tune_gc()
+            Connection.fatal_on_invalid_state = self.state.validate
         self._server, self.address = await listen(self.host, self.port, self._accept)
         logger.info("scheduler at %s", self.address)
         return self

@@ -97,6 +97,7 @@ class Worker:
     async def start(self) -> Worker:
         if self.owns_process:
             tune_gc()
+            Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
         self._server, self.address = await listen(self.host, self.port, self._accept_peer)
         self.state = WorkerState(self.nthreads, self.address, validate=self.validate)

@@ -99,14 +99,14 @@ def check_leaks() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     """Two single-threaded worker processes and a scheduler process, per test module."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as c:
+    with LocalCluster(n_workers=2, threads_per_worker=1, timeout=60, validate=True) as c:
         yield c
 
 
 @pytest.fixture
 def inproc_cluster() -> Iterator[LocalCluster]:
     """A scheduler and two workers on a background loop in this process."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, timeout=30) as c:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, timeout=30, validate=True) as c:
         yield c
 
 

@@ -1,0 +1,22 @@
+"""Run the shoal vs Dask benchmark suite: ``python benchmarks/run.py [--quick] ...``.
+
+See benchmarks/README.md and ``--help``.
+"""
+
+import sys
+from pathlib import Path
+
+
+def _main() -> int:
+    # Make ``benchmarks`` importable as a package (the workers import the task
+    # functions from ``benchmarks.workloads``; they get the same root on PYTHONPATH).
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks.runner import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,206 @@
+"""Benchmark driver: start clusters, run the workloads, write the report.
+
+Invoked through ``benchmarks/run.py``; see ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta
+from benchmarks.report import Result, Run, render
+from benchmarks.workloads import BY_NAME, WORKLOADS, ZERO_WORKLOADS, Workload
+
+DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS.md"
+ALL_NAMES = [w.name for w in WORKLOADS] + [f"zero-{n}" for n in ZERO_WORKLOADS]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description="Benchmark shoal against Dask distributed on the same cluster layout.",
+    )
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about 1/10) for a smoke run")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per workload and system (default 3)")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated workloads to run, from: " + ", ".join(ALL_NAMES)
+        + " ('zero' = all zero-worker ones; default: all)",
+    )
+    p.add_argument(
+        "--systems", default="shoal,dask", help="comma-separated systems (default: shoal,dask)"
+    )
+    p.add_argument(
+        "--out",
+        default=str(DEFAULT_OUT),
+        help="markdown report path ('' = none; default: benchmarks/RESULTS.md in the repository)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed for a warm-up run (default 600); timed runs get "
+        "min(this, max(60, 10 x warm-up time))",
+    )
+    p.add_argument(
+        "--startup-timeout", type=float, default=60.0, help="seconds allowed to start a cluster"
+    )
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        p.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    args.systems = systems
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or ALL_NAMES
+    expanded = []
+    for n in names:
+        expanded += [f"zero-{z}" for z in ZERO_WORKLOADS] if n == "zero" else [n]
+    bad = [n for n in expanded if n not in ALL_NAMES]
+    if bad:
+        p.error(f"unknown workloads {bad}; choose from {ALL_NAMES + ['zero']}")
+    args.only = list(dict.fromkeys(expanded))
+    return args
+
+
+def measure(cluster: Cluster, wl: Workload, size: int, timeout: float) -> Run:
+    """One run of ``wl`` on ``cluster``: wall time and CPU deltas over the timed region."""
+    cluster.wait_idle()
+    gc.collect()
+
+    def body() -> Run:
+        (s0, w0), c0 = cluster.cpu_snapshot(), time.process_time()
+        t0 = time.perf_counter()
+        outcome = wl.func(cluster.api, cluster.client, size)
+        wall = time.perf_counter() - t0
+        (s1, w1), c1 = cluster.cpu_snapshot(), time.process_time()
+        if outcome.verify is not None:
+            outcome.verify()
+        sched, precise_s = cpu_delta(s0, s1)
+        workers, precise_w = cpu_delta(w0, w1)
+        return Run(wall, sched, workers, c1 - c0, outcome.samples, precise_s and precise_w)
+
+    run = cluster.call(body, timeout)  # futures are dropped with the closure here
+    gc.collect()
+    return run
+
+
+def describe(res: Result, run: Run) -> str:
+    m = Result(res.workload, res.size, res.system, res.zero, [run]).metrics()
+    if res.workload.kind == "latency":
+        head = f"median {m['median ms']:.2f} ms, p90 {m['p90 ms']:.2f} ms"
+    elif res.workload.kind == "hop":
+        head = f"{m['ms/hop']:.3f} ms/hop"
+    else:
+        head = f"{m['tasks/s']:,.0f} tasks/s"
+    return f"{run.wall:.3f} s, {head}, sched {m['sched µs/task']:.1f} µs/task"
+
+
+def _fail(res: Result, cluster: Cluster, stage: str, exc: BaseException) -> None:
+    msg = f"{stage}: {type(exc).__name__}: {exc or repr(exc)}"
+    if not isinstance(exc, ClusterError):
+        dead = cluster.diagnose()  # a crashed process explains most failures
+        if dead:
+            msg += "\n" + dead
+    msg += f"\n(logs kept in {cluster.dir})"
+    res.error = msg
+    log(f"    {res.system}: FAILED: {msg}")
+    if not isinstance(exc, TimeoutError | ClusterError):
+        log(traceback.format_exc(limit=-6))
+
+
+def run_workload(
+    wl: Workload, size: int, systems: list[str], args, *, zero: bool = False
+) -> list[Result]:
+    """Run ``wl`` on each system in turn, each on a freshly started cluster.
+
+    Only one cluster is alive at a time: an idle Dask cluster alone costs ~10% of a
+    core in heartbeats, which would disturb the other system's figures.
+    """
+    log(f"== {'zero-' if zero else ''}{wl.label(size)} ({wl.n_tasks(size):,} tasks)")
+    return [run_system(wl, size, s, args, zero=zero) for s in systems]
+
+
+def run_system(wl: Workload, size: int, system: str, args, *, zero: bool) -> Result:
+    result = Result(wl, size, system, zero=zero)
+    cluster = Cluster(SYSTEMS[system], zero=zero, timeout=args.startup_timeout)
+    try:
+        cluster.start()
+    except Exception as e:
+        _fail(result, cluster, "cluster start", e)
+        return result
+    timeout = args.timeout
+    try:
+        for i in range(args.repeat + 1):  # one untimed warm-up, then the timed runs
+            name = "warm-up" if i == 0 else f"run {i}/{args.repeat}"
+            try:
+                run = measure(cluster, wl, size, timeout)
+            except Exception as e:
+                _fail(result, cluster, name, e)
+                break
+            log(f"  {name:>9} {system:>6}: {describe(result, run)}")
+            if i == 0:  # a hang in a timed run should not cost the full --timeout
+                timeout = min(args.timeout, max(60.0, 10 * run.wall))
+            else:
+                result.runs.append(run)
+    finally:
+        cluster.stop(remove_logs=not result.error)
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])])
+    systems = []
+    for s in args.systems:
+        why = SYSTEMS[s].available()
+        if why:
+            log(f"!! skipping {s}: {why}")
+        else:
+            systems.append(s)
+    if not systems:
+        log("no usable system")
+        return 2
+
+    results: list[Result] = []
+    t_start = time.monotonic()
+    load_start = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    selected = [wl for wl in WORKLOADS if wl.name in args.only]
+    for i, wl in enumerate(selected):
+        size = wl.quick if args.quick else wl.full
+        order = systems if i % 2 == 0 else systems[::-1]  # alternate who goes first
+        results += run_workload(wl, size, order, args)
+    zero_systems = [s for s in systems if SYSTEMS[s].supports_zero]
+    for name in ZERO_WORKLOADS:
+        if f"zero-{name}" in args.only and zero_systems:
+            wl = BY_NAME[name]
+            size = wl.quick if args.quick else wl.full
+            results += run_workload(wl, size, zero_systems, args, zero=True)
+
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    settings = (
+        f"{'quick' if args.quick else 'full'} sizes, 1 warm-up + {args.repeat} timed runs, "
+        f"systems {', '.join(systems)}, total benchmark time {time.monotonic() - t_start:.0f} s; "
+        f"load average (1/5/15 min) {load_start} at start, {load} at end"
+    )
+    doc, tables = render(results, systems, command, settings)
+    print(tables)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(doc)
+        log(f"wrote {out}")
+    return 1 if any(r.error for r in results) else 0

@@ -277,6 +277,7 @@ class as_completed:
         self._queue: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._count = 0
+        self._arrived: asyncio.Event | None = None  # wakes ``async for`` (on the loop)
         for f in futures:
             self.add(f)
 
@@ -284,7 +285,12 @@ class as_completed:
         with self._lock:
             self._count += 1
         client, st = future.client, future._state
-        client._call_in_loop(lambda: st.on_done(lambda: self._queue.put(future)))
+        client._call_in_loop(lambda: st.on_done(lambda: self._arrive(future)))
+
+    def _arrive(self, future: Future) -> None:  # on the client's loop
+        self._queue.put(future)
+        if self._arrived is not None:
+            self._arrived.set()
 
     def update(self, futures: Iterable[Future]) -> None:
         for f in futures:
@@ -328,7 +334,11 @@ class as_completed:
                 future = self._queue.get_nowait()
                 break
             except queue.Empty:
-                await asyncio.sleep(0.001)
+                if self._arrived is None:
+                    self._arrived = asyncio.Event()
+                self._arrived.clear()
+                if self._queue.empty():
+                    await self._arrived.wait()
         if self.with_results:
             if future.status == "error" and not self.raise_errors:
                 return future, future._state.exception

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import connect
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
@@ -35,6 +36,7 @@ from shoal.protocol.serialize import (
     dumps_task_args,
     dumps_value,
     loads_value,
+    loads_values,
 )
 
 logger = logging.getLogger("shoal.client")
@@ -74,7 +76,9 @@ class Client:
         self._submit_lock = threading.Lock()
         self._submits = itertools.count(1)
         self._wakeup_scheduled = False
-        self._workers: dict[str, asyncio.Future[Connection]] = {}
+        self._worker_conns = ConnectionPool(
+            lambda: m.Hello(m.PROTOCOL_VERSION, "client", name=self.id), timeout
+        )
         self._callback_pool: ThreadPoolExecutor | None = None
         self._scatter_rr = itertools.count()
         self._runner: LoopRunner | None = None
@@ -150,9 +154,7 @@ class Client:
             if held:
                 conn.send(m.ReleaseKeys(held, stimulus_id=f"client-close-{self.id}"))
             conn.close()
-        for fut in self._workers.values():
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().close()
+        self._worker_conns.close()
         if self.asynchronous:
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
@@ -529,28 +531,11 @@ class Client:
     async def _get_from_worker(
         self, address: str, keys: list[Key]
     ) -> tuple[dict[Key, Any], list[Key], list[tuple[Key, str]]]:
-        conn = await self._worker_conn(address)
+        conn = await self._worker_conns.get(address)
         reply, buffers = await conn.request(lambda rid: m.GetData(rid, keys))
         assert isinstance(reply, m.DataReply)
-        got: dict[Key, Any] = {}
-        cursor = 0
-        for key, payload in zip(reply.keys, reply.payloads):
-            got[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
-            cursor += payload.nbuffers
+        got = loads_values(reply.keys, reply.payloads, buffers)
         return got, list(reply.missing), list(reply.failed)
-
-    async def _worker_conn(self, address: str) -> Connection:
-        fut = self._workers.get(address)
-        if fut is not None and fut.done() and (fut.exception() or fut.result().closed):
-            fut = None
-        if fut is None:
-            fut = self._workers[address] = asyncio.ensure_future(self._connect_worker(address))
-        return await fut
-
-    async def _connect_worker(self, address: str) -> Connection:
-        hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.id)
-        conn, _ = await connect(address, hello, timeout=self.timeout)
-        return conn
 
     # ---------------------------------------------------------------- scatter
 
@@ -589,7 +574,7 @@ class Client:
             futures[key] = Future(key, self)
         assert self._conn is not None
         for worker, pairs in placement.items():
-            conn = await self._worker_conn(worker)
+            conn = await self._worker_conns.get(worker)
             keys = [k for k, _ in pairs]
             payloads: list[m.Payload] = []
             out_buffers: list[memoryview] = []

@@ -25,6 +25,7 @@ from shoal.protocol.framing import (
     FrameDecoder,
     ProtocolError,
     encode_frame,
+    message_buffers,
 )
 
 logger = logging.getLogger("shoal.comm")
@@ -113,22 +114,16 @@ class Connection(asyncio.Protocol):
 
     def _resolve_replies(self, frame: Frame) -> Frame:
         rest: list[m.Message] = []
-        cursor = 0
-        for msg in frame.messages:
-            nbuf = (
-                sum(p.nbuffers for p in msg.payloads)
-                if isinstance(msg, m.DataReply | m.UpdateData)
-                else 0
-            )
-            bufs = frame.buffers[cursor : cursor + nbuf]
-            cursor += nbuf
+        rest_buffers: list[memoryview] = []
+        for msg, bufs in message_buffers(frame):
             fut = self._pending.pop(msg.request_id, None) if type(msg) in _REPLIES else None  # type: ignore[attr-defined]
             if fut is not None:
                 if not fut.done():
                     fut.set_result((msg, bufs))
             else:
                 rest.append(msg)
-        return Frame(rest, frame.buffers if rest else [])
+                rest_buffers.extend(bufs)
+        return Frame(rest, rest_buffers)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

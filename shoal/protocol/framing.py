@@ -17,7 +17,7 @@ caller answers by closing that one connection.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -75,6 +75,18 @@ class Frame:
     def __init__(self, messages: list[Message], buffers: list[memoryview]):
         self.messages = messages
         self.buffers = buffers
+
+
+def message_buffers(frame: Frame) -> Iterator[tuple[Message, list[memoryview]]]:
+    """Each message of a frame with the out-of-band buffers its payloads own (the
+    frame carries them in message order)."""
+    cursor = 0
+    buffers = frame.buffers
+    for msg in frame.messages:
+        payloads = getattr(msg, "payloads", None)
+        n = sum(p.nbuffers for p in payloads) if payloads else 0
+        yield msg, buffers[cursor : cursor + n]
+        cursor += n
 
 
 class FrameDecoder:

@@ -251,6 +251,18 @@ def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> An
     raise SerializationError(f"unknown payload kind {payload.kind}")
 
 
+def loads_values(
+    keys: list[Key], payloads: list[Payload], buffers: list[memoryview]
+) -> dict[Key, Any]:
+    """Values by key; ``buffers`` are the out-of-band buffers of all payloads, in order."""
+    out: dict[Key, Any] = {}
+    cursor = 0
+    for key, payload in zip(keys, payloads):
+        out[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
+        cursor += payload.nbuffers
+    return out
+
+
 def dumps_inline(obj: Any) -> Payload | None:
     """A payload for small plain results, or None when the value must stay remote."""
     t = type(obj)

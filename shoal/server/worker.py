@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
 from shoal.core.worker_state import (
     Execute,
@@ -34,7 +35,7 @@ from shoal.core.worker_state import (
     WorkerState,
 )
 from shoal.protocol import messages as m
-from shoal.protocol.framing import Frame, ProtocolError
+from shoal.protocol.framing import Frame, ProtocolError, message_buffers
 from shoal.protocol.serialize import (
     FunctionCache,
     SerializationError,
@@ -42,7 +43,7 @@ from shoal.protocol.serialize import (
     dumps_inline,
     dumps_value,
     loads_task_args,
-    loads_value,
+    loads_values,
     sizeof,
 )
 from shoal.server.scheduler import tune_gc
@@ -82,7 +83,7 @@ class Worker:
         self.functions = FunctionCache()
         self.scheduler: Connection | None = None
         self._server: asyncio.Server | None = None
-        self._peers: dict[str, asyncio.Future[Connection]] = {}
+        self._peers = ConnectionPool(lambda: m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address))
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._results: list[Any] = []
@@ -131,9 +132,7 @@ class Worker:
             self._server.close()
         if self.scheduler is not None:
             self.scheduler.close()
-        for fut in self._peers.values():
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().close()
+        self._peers.close()
         for task in list(self._background):
             task.cancel()
         for t in self._threads:
@@ -255,40 +254,19 @@ class Worker:
 
     # ---------------------------------------------------------------- peers
 
-    async def _peer(self, address: str) -> Connection:
-        """One multiplexed connection per peer, opened on first use."""
-        fut = self._peers.get(address)
-        if fut is not None and fut.done() and (fut.exception() or fut.result().closed):
-            fut = None
-        if fut is None:
-            fut = self._peers[address] = asyncio.ensure_future(self._connect_peer(address))
-        return await fut
-
-    async def _connect_peer(self, address: str) -> Connection:
-        conn, _ = await connect(address, m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address))
-        return conn
-
     async def _gather(self, inst: GatherDep) -> None:
         stimulus_id = f"gather-{next(self._stimulus)}"
         try:
-            conn = await self._peer(inst.worker)
+            conn = await self._peers.get(inst.worker)
             reply, buffers = await conn.request(
                 lambda rid: m.GetData(rid, list(inst.keys)), timeout=GATHER_TIMEOUT
             )
             assert isinstance(reply, m.DataReply)
-            data: dict[Any, Any] = {}
-            nbytes: dict[Any, int] = {}
-            cursor = 0
-            for key, payload in zip(reply.keys, reply.payloads):
-                bufs = buffers[cursor : cursor + payload.nbuffers]
-                cursor += payload.nbuffers
-                value = loads_value(payload, bufs)
-                data[key] = value
-                nbytes[key] = sizeof(value)
+            data = loads_values(reply.keys, reply.payloads, buffers)
             event: Any = GatherSuccess(
                 worker=inst.worker,
                 data=data,
-                nbytes=nbytes,
+                nbytes={key: sizeof(value) for key, value in data.items()},
                 missing=list(reply.missing) + [k for k, _ in reply.failed],
                 stimulus_id=stimulus_id,
             )
@@ -315,14 +293,10 @@ class Worker:
 
     def _on_peer_frame(self, conn: Connection, frame: Frame) -> None:
         assert self.state is not None
-        cursor = 0
-        for msg in frame.messages:
+        for msg, bufs in message_buffers(frame):
             if type(msg) is m.GetData:
                 self._serve_data(conn, msg)
             elif type(msg) is m.UpdateData:
-                nbuf = sum(p.nbuffers for p in msg.payloads)
-                bufs = frame.buffers[cursor : cursor + nbuf]
-                cursor += nbuf
                 self._receive_data(conn, msg, bufs)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
@@ -346,14 +320,8 @@ class Worker:
         conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
-        data: dict[Any, Any] = {}
-        nbytes: dict[Any, int] = {}
-        cursor = 0
-        for key, payload in zip(msg.keys, msg.payloads):
-            value = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
-            cursor += payload.nbuffers
-            data[key] = value
-            nbytes[key] = sizeof(value)
+        data = loads_values(msg.keys, msg.payloads, buffers)
+        nbytes = {key: sizeof(value) for key, value in data.items()}
         self._handle(
             [UpdateDataEvent(data=data, nbytes=nbytes, stimulus_id=f"update-data-{time.time()}")]
         )

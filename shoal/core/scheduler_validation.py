@@ -1,0 +1,89 @@
+"""The scheduler's invariants, checked after every batch of events when
+``validate=True`` (always in tests)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shoal.core.scheduler_model import TaskState
+from shoal.core.story import InvalidState
+
+if TYPE_CHECKING:
+    from shoal.core.scheduler import SchedulerState
+
+
+def validate_scheduler_state(state: SchedulerState) -> None:
+    """Every invariant of the scheduler's records; raises InvalidState naming the
+    first one broken, with the key's recent story."""
+
+    def check(cond: bool, what: str, ts: TaskState | None = None) -> None:
+        if not cond:
+            story = state.log.story(ts.key)[-10:] if ts is not None else []
+            raise InvalidState(f"{what}: {ts!r}\n{story}")
+
+    counts: dict[str, dict[str, int]] = {}
+    nqueued = 0
+    for key, ts in state.tasks.items():
+        check(ts.key == key, "task filed under another key", ts)
+        st = ts.state
+        check(st != "forgotten", "forgotten task still held", ts)
+        c = counts.setdefault(ts.group.name, {})
+        c[st] = c.get(st, 0) + 1
+        for dts in ts.dependencies:
+            check(ts in dts.dependents, "dependency does not list its dependent", ts)
+            check(dts.key in state.tasks, "dependency was forgotten", ts)
+        for dts in ts.dependents:
+            check(ts in dts.dependencies, "dependent does not list its dependency", ts)
+        for dts in ts.waiters:
+            check(ts in dts.dependencies, "waiter is not a dependent", ts)
+            check(dts.state in ("waiting", "queued", "processing"), "idle waiter", dts)
+        if st in ("waiting", "queued", "processing"):
+            for dts in ts.dependencies:
+                check(ts in dts.waiters, "dependency does not know it is needed", ts)
+        check((ts.processing_on is not None) == (st == "processing"), "processing_on", ts)
+        if st == "processing":
+            assert ts.processing_on is not None
+            check(ts in ts.processing_on.processing, "not in its worker's processing", ts)
+            check(ts.processing_on.address in state.workers, "processing on a gone worker", ts)
+        if st in ("processing", "queued"):
+            check(all(d.state == "memory" for d in ts.dependencies), "dependency missing", ts)
+        if st == "waiting":
+            check(bool(ts.waiting_on), "waiting on nothing", ts)
+            for dts in ts.dependencies:
+                check((dts in ts.waiting_on) == (dts.state != "memory"), "waiting_on", ts)
+        else:
+            check(not ts.waiting_on, "waiting_on outside waiting", ts)
+        check(bool(ts.who_has) == (st == "memory"), "who_has vs memory", ts)
+        for ws in ts.who_has:
+            check(ts in ws.has_what, "holder does not list the key", ts)
+            check(ws.address in state.workers, "held by a gone worker", ts)
+        if st == "erred":
+            check(ts.exception is not None, "no error to report", ts)
+        if st == "queued":
+            nqueued += 1
+        for cs in ts.who_wants:
+            check(ts in cs.wants and cs.id in state.clients, "who_wants vs client", ts)
+        if st in ("released", "erred") and not ts.dependents:
+            check(
+                bool(ts.who_wants or ts.waiters) or st == "erred",
+                "released task should be forgotten",
+                ts,
+            )
+    check(nqueued == state.nqueued, f"queue count {state.nqueued} != {nqueued}")
+    for name, tg in state.groups.items():
+        got = {s: n for s, n in tg.states.items() if n and s != "forgotten"}
+        check(got == counts.get(name, {}), f"group {name} counters {got} != {counts.get(name)}")
+    for cs in state.clients.values():
+        for ts in cs.wants:
+            check(cs in ts.who_wants and ts.key in state.tasks, "client wants a lost task", ts)
+    for ws in state.workers.values():
+        for ts in ws.processing:
+            check(ts.processing_on is ws, "worker processing a task placed elsewhere", ts)
+        for ts in ws.has_what:
+            check(ws in ts.who_has, "worker holds a key the task does not know", ts)
+        check(ws.nbytes == sum(t.nbytes for t in ws.has_what), f"nbytes of {ws.address}")
+        check(
+            abs(ws.occupancy - sum(t.estimate for t in ws.processing)) < 1e-6,
+            f"occupancy of {ws.address}",
+        )
+        check((ws in state.free_workers) == state._is_free(ws), f"free set: {ws.address}")

@@ -728,9 +728,10 @@ class SchedulerState:
         ws = self._remove_processing(ts)
         assert ws is not None
         ws.tasks_run += 1
-        duration = msg.stop - msg.start
-        ts.group.add_duration(duration)
-        ts.prefix.add_duration(duration)
+        if msg.start or msg.stop:  # both 0.0: the worker fetched it, nothing was timed
+            duration = msg.stop - msg.start
+            ts.group.add_duration(duration)
+            ts.prefix.add_duration(duration)
         ts.type_name = msg.type_name
         self._add_replica(ts, ws, msg.nbytes)
         ts.state = "memory"

@@ -19,6 +19,7 @@ from shoal.protocol.messages import (
     KeyInMemory,
     MissingData,
     TaskErred,
+    TaskFinished,
     WorkerInfo,
 )
 
@@ -533,3 +534,17 @@ def test_client_and_worker_may_not_send_each_others_messages():
         sim.s.handle_client("c", TaskErred("a", ARGS, ""))
     with pytest.raises(TypeError, match="a worker may not send KeyInMemory"):
         sim.s.handle_worker(W1, KeyInMemory("a"))
+
+
+def test_untimed_completion_leaves_the_duration_statistics_alone():
+    # A worker that fetched a key it was asked to compute reports it with start=stop=0.0:
+    # nothing ran there, so the prefix's measured duration must not move towards zero.
+    sim = Sim({W1: 1})
+    sim.submit({"a-1f2e3d4c": [], "a-5a6b7c8d": []})
+    sim.finish("a-1f2e3d4c", duration=0.5)
+    tp = sim.s.prefixes["a"]
+    assert (tp.duration_count, tp.mean_duration) == (1, pytest.approx(0.5))
+    key = "a-5a6b7c8d"
+    sim.s.handle_worker(sim.worker_of(key), TaskFinished(key, 8, 0.0, 0.0, None, "int", "fetched"))
+    assert sim.state(key) == "memory"
+    assert (tp.duration_count, tp.mean_duration) == (1, pytest.approx(0.5))

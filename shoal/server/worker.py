@@ -53,6 +53,21 @@ logger = logging.getLogger("shoal.worker")
 GATHER_TIMEOUT = 60.0
 
 
+class TransferFailed:
+    """Stands in for a dependency whose holder could not serialise it. A task that
+    uses it fails with the reason; reporting it missing instead would have the
+    scheduler recompute it, fail to send it again, and so on forever."""
+
+    __slots__ = ("key", "reason")
+
+    def __init__(self, key: Any, reason: str):
+        self.key = key
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (TransferFailed, (self.key, self.reason))
+
+
 class Worker:
     def __init__(
         self,
@@ -206,6 +221,16 @@ class Worker:
         assert self.state is not None
         data = self.state.data
         get_func = self.functions.get
+
+        def resolve(key: Any) -> Any:
+            value = data[key]
+            if type(value) is TransferFailed:
+                raise SerializationError(
+                    f"dependency {key!r} could not be sent by the worker holding it: "
+                    f"{value.reason}"
+                )
+            return value
+
         while True:
             item = self._queue.get()
             if item is None:
@@ -214,7 +239,7 @@ class Worker:
             start = time.time()
             try:
                 func = get_func(func_id)
-                args, kwargs = loads_task_args(payload, data.__getitem__, get_func)
+                args, kwargs = loads_task_args(payload, resolve, get_func)
                 value = func(*args, **kwargs)
                 stop = time.time()
                 event: Any = ExecuteSuccess(
@@ -263,11 +288,13 @@ class Worker:
             )
             assert isinstance(reply, m.DataReply)
             data = loads_values(reply.keys, reply.payloads, buffers)
+            for key, reason in reply.failed:
+                data[key] = TransferFailed(key, reason)
             event: Any = GatherSuccess(
                 worker=inst.worker,
                 data=data,
                 nbytes={key: sizeof(value) for key, value in data.items()},
-                missing=list(reply.missing) + [k for k, _ in reply.failed],
+                missing=list(reply.missing),
                 stimulus_id=stimulus_id,
             )
         except (TimeoutError, OSError, CommClosedError, HandshakeError, AssertionError) as e:

@@ -106,7 +106,9 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture
 def inproc_cluster() -> Iterator[LocalCluster]:
     """A scheduler and two workers on a background loop in this process."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, timeout=30, validate=True) as c:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, timeout=30, validate=True
+    ) as c:
         yield c
 
 

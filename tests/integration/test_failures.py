@@ -226,3 +226,35 @@ def test_cancel_marks_futures_cancelled_on_return(client: Client, stop_file: Pat
             b.result(timeout=10)
     stop_file.touch()
     assert client.submit(inc, 1).result(timeout=30) == 2
+
+
+def make_lock_or_array(kind: str) -> object:
+    import threading
+
+    import numpy as np
+
+    return [threading.Lock()] if kind == "lock" else np.ones(200_000)
+
+
+def combine(a: object, b: object) -> int:
+    return 1
+
+
+@pytest.mark.timeout(60)
+def test_unsendable_dependency_errs_its_dependent(inproc_cluster: LocalCluster) -> None:
+    # The dependent runs where the big array is, so the unpicklable value must travel
+    # between workers. It cannot: the dependent errs, naming the reason (the key is
+    # not recomputed over and over as if its data had been lost).
+    with Client(inproc_cluster) as client:
+        lock, array = client.map(make_lock_or_array, ["lock", "array"], pure=False)
+        shoal.wait([lock, array], timeout=30)
+        holders = {
+            key: [w.address for w in inproc_cluster._workers if key in w.state.data]
+            for key in (lock.key, array.key)
+        }
+        assert holders[lock.key] != holders[array.key], holders  # the precondition
+        out = client.submit(combine, lock, array)
+        with pytest.raises(shoal.SerializationError, match="could not be sent") as info:
+            out.result(timeout=30)
+        assert "lock" in str(info.value)
+        assert client.submit(inc, 2).result(timeout=30) == 3

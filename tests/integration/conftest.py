@@ -16,11 +16,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
-from shoal import LocalCluster
+from shoal import Client, LocalCluster
 
 # Seconds for closed things to finish going away (test_leak_check.py shortens it).
 LEAK_GRACE = float(os.environ.get("SHOAL_TEST_LEAK_GRACE", "5"))
@@ -143,3 +144,19 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         for stream in (p.stdout, p.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    """A client of the module's shared cluster, closed after the test."""
+    with Client(cluster, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def stop_file(tmp_path: Path) -> Iterator[Path]:
+    """A file whose creation releases ``wait_for_file`` tasks (created at teardown too,
+    so no worker thread stays blocked for the next test)."""
+    path = tmp_path / "stop"
+    yield path
+    path.touch()

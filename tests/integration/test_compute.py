@@ -11,11 +11,11 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tasks import wait_for_file
 
 from shoal import Client, LocalCluster, as_completed, wait
 
@@ -42,31 +42,6 @@ def fail(x):
 
 def combine(a, b):
     return (a, b, os.getpid())
-
-
-def wait_for_file(path, timeout=30.0):
-    """Run until ``path`` exists (so a test can hold a worker thread, then let it go)."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
-    return "released"
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def stop_file(tmp_path: Path) -> Iterator[Path]:
-    """A file whose creation releases ``wait_for_file`` tasks (created at teardown too,
-    so no worker thread stays blocked for the next test)."""
-    path = tmp_path / "stop"
-    yield path
-    path.touch()
 
 
 def test_quickstart(client: Client) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tasks import wait_for_file
 
 import shoal
 from shoal import Client, LocalCluster
@@ -50,28 +49,6 @@ def unpicklable_result(x):
     import threading
 
     return [threading.Lock()]
-
-
-def wait_for_file(path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
-    return "released"
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def stop_file(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "stop"
-    yield path
-    path.touch()  # no worker thread stays blocked for the next test
 
 
 def _notes(exc: BaseException) -> str:

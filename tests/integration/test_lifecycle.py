@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
+from tasks import wait_for_file
 
 from shoal import CancelledError, Client, LocalCluster
 
@@ -252,15 +253,6 @@ def test_cli_scheduler_and_workers(tmp_path: Path, spawn: Callable[..., Any]) ->
     assert scheduler.stdout is not None
     printed = scheduler.stdout.read().decode().split()
     assert printed == [address]
-
-
-def wait_for_file(path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
-    return "released"
 
 
 def test_scheduler_killed(tmp_path: Path, spawn: Callable[..., Any]) -> None:

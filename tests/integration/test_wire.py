@@ -7,7 +7,6 @@ import asyncio
 import socket
 import struct
 import time
-from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -68,12 +67,6 @@ GARBAGE = {
         frame(m.TaskFinished("inc-123", 8, 0.0, 1.0, stimulus_id="forged")),
     ],
 }
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
-    with Client(cluster, timeout=30) as c:
-        yield c
 
 
 @pytest.mark.parametrize("case", list(GARBAGE))

@@ -166,13 +166,20 @@ class SchedulerState:
 
     def handle_client(self, client_id: str, *msgs: m.Message) -> None:
         """Apply a batch of messages from one client."""
-        cs = self.clients[client_id]
-        handlers = self._client_handlers
+        self._apply(self.clients[client_id], self._client_handlers, msgs, "client")
+
+    def _apply(
+        self,
+        sender: ClientRecord | WorkerRecord,
+        handlers: dict[type, Callable[..., None]],
+        msgs: tuple[m.Message, ...],
+        role: str,
+    ) -> None:
         for msg in msgs:
             handler = handlers.get(type(msg))
             if handler is None:
-                raise TypeError(f"a client may not send {type(msg).__name__}")
-            handler(self, cs, msg)
+                raise TypeError(f"a {role} may not send {type(msg).__name__}")
+            handler(self, sender, msg)
         self._done(getattr(msgs[-1], "stimulus_id", "") if msgs else "")
 
     def _submit_tasks(self, cs: ClientRecord, msg: m.SubmitTasks) -> None:
@@ -359,14 +366,7 @@ class SchedulerState:
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:
         """Apply a batch of messages from one worker."""
-        ws = self.workers[address]
-        handlers = self._worker_handlers
-        for msg in msgs:
-            handler = handlers.get(type(msg))
-            if handler is None:
-                raise TypeError(f"a worker may not send {type(msg).__name__}")
-            handler(self, ws, msg)
-        self._done(getattr(msgs[-1], "stimulus_id", "") if msgs else "")
+        self._apply(self.workers[address], self._worker_handlers, msgs, "worker")
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)

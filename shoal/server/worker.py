@@ -226,8 +226,7 @@ class Worker:
             value = data[key]
             if type(value) is TransferFailed:
                 raise SerializationError(
-                    f"dependency {key!r} could not be sent by the worker holding it: "
-                    f"{value.reason}"
+                    f"dependency {key!r} could not be sent by the worker holding it: {value.reason}"
                 )
             return value
 

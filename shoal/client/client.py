@@ -381,7 +381,7 @@ class Client:
             kwargs = {**func.keywords, **kwargs}
             func = func.func
         fid = self._functions.register(func)
-        payload, deps = dumps_task_args(args, kwargs, self._ref_types, self._functions)
+        payload, deps, funcs = dumps_task_args(args, kwargs, self._ref_types, self._functions)
         if key is None:
             prefix = name or _funcname(func)
             if pure:
@@ -389,7 +389,7 @@ class Client:
                 key = f"{prefix}-{h.hexdigest()}"
             else:
                 key = f"{prefix}-{uuid.uuid4().hex}"
-        return m.TaskSpec(key, fid, payload, deps, group, priority, retries)
+        return m.TaskSpec(key, fid, payload, deps, group, priority, retries, funcs)
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
         if self.status != "running":

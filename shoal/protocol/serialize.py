@@ -20,7 +20,7 @@ import pickle
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import msgspec
@@ -128,6 +128,7 @@ def _pickle(
     functions: FunctionTable | None = None,
     deps: list[Key] | None = None,
     out_of_band: bool = True,
+    funcs: list[str] | None = None,
 ) -> tuple[Payload, list[memoryview]]:
     buffers: list[memoryview] = []
 
@@ -152,7 +153,10 @@ def _pickle(
                     deps.append(key)
                 return ("k", key)
             if functions is not None and t is types.FunctionType and not _by_reference(o):
-                return ("f", functions.register(o))
+                fid = functions.register(o)
+                if funcs is not None:
+                    funcs.append(fid)
+                return ("f", fid)
             return None
 
         pickler.persistent_id = persistent_id
@@ -165,13 +169,19 @@ def _pickle(
     return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
 
 
+class TaskArgs(NamedTuple):
+    payload: Payload
+    deps: list[Key]  # keys referenced by the arguments, in order of appearance
+    funcs: list[str]  # function-table ids referenced by the arguments (by-value functions)
+
+
 def dumps_task_args(
     args: tuple,
     kwargs: dict,
     ref_types: dict[type, Callable[[Any], Key]],
     functions: FunctionTable,
-) -> tuple[Payload, list[Key]]:
-    """Encode ``(args, kwargs)``; return the payload and the dependency keys found."""
+) -> TaskArgs:
+    """Encode ``(args, kwargs)`` with the dependency keys and function ids they use."""
     deps: list[Key] = []
     body = [list(args), kwargs]
     if _plain(body, ref_types):
@@ -182,12 +192,14 @@ def dumps_task_args(
             return msgspec.msgpack.Ext(_KEY_EXT, _mp_encoder.encode(key))
 
         try:
-            return Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook)), deps
+            payload = Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook))
+            return TaskArgs(payload, deps, [])
         except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
             deps.clear()
     # The scheduler holds task payloads as one opaque piece: no out-of-band buffers.
-    payload, _ = _pickle((args, kwargs), ref_types, functions, deps, out_of_band=False)
-    return payload, deps
+    funcs: list[str] = []
+    payload, _ = _pickle((args, kwargs), ref_types, functions, deps, False, funcs)
+    return TaskArgs(payload, deps, funcs)
 
 
 def loads_task_args(

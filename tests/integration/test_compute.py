@@ -242,3 +242,9 @@ def test_asynchronous_client(cluster: LocalCluster) -> None:
         assert c2.status == "closed"
 
     asyncio.run(main())
+
+
+def test_function_passed_as_an_argument_reaches_the_worker(client):
+    # A by-value function inside the arguments goes through the function table like
+    # the task's own function; the worker must be sent its entry too.
+    assert client.submit(lambda g: g(1), lambda x: x + 41).result(timeout=30) == 42

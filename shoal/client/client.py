@@ -18,7 +18,7 @@ import os
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -402,32 +402,53 @@ class Client:
         return m.TaskSpec(key, fid, payload, deps, group, priority, retries, funcs)
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
+        return self._submit_parts(iter((specs,)), keys)
+
+    def _submit_parts(self, parts: Iterator[list[m.TaskSpec]], keys: list[Key]) -> list[Future]:
+        """Futures for ``keys``; the task specs go to the scheduler part by part as
+        ``parts`` makes them (dependencies in earlier parts). The scheduler starts on
+        them when the last part arrives; if making a part fails, the graph is dropped."""
         if self.status != "running":
             raise RuntimeError(f"the client is {self.status}")
         futures = [Future(k, self) for k in keys]  # held before the message can be answered
+        wanted = list(dict.fromkeys(keys))
         seen: set[Key] = set()
-        unique = []
-        for s in specs:
-            if s.key not in seen:
-                seen.add(s.key)
-                unique.append(s)
         # Under one lock: the message that first uses a function must carry its bytes,
-        # and must not be overtaken by another thread's message using it.
+        # and must not be overtaken by another thread's message using it; and the parts
+        # of one graph must not be interleaved with another submission.
         with self._submit_lock:
-            table = self._functions.bytes
-            functions = {}
-            if len(table) != len(self._sent_functions):
-                functions = {fid: table[fid] for fid in table.keys() - self._sent_functions}
-                self._sent_functions.update(functions)
-            self._send(
-                m.SubmitTasks(
-                    unique,
-                    list(dict.fromkeys(keys)),
-                    functions,
-                    stimulus_id=f"submit-{next(self._submits)}",
-                )
-            )
+            sid = f"submit-{next(self._submits)}"
+            sent = False
+            try:
+                part = next(parts)
+                for following in itertools.chain(parts, (None,)):
+                    unique = []
+                    for spec in part:
+                        if spec.key not in seen:
+                            seen.add(spec.key)
+                            unique.append(spec)
+                    last = following is None
+                    functions = self._new_functions()
+                    self._send(
+                        m.SubmitTasks(unique, [] if not last else wanted, functions, sid, not last)
+                    )
+                    sent = True
+                    if following is not None:
+                        part = following
+            except BaseException:
+                if sent:
+                    self._send(m.SubmitTasks([], [], {}, sid))  # wants nothing: dropped
+                raise
         return futures
+
+    def _new_functions(self) -> dict[str, bytes]:
+        """Function-table entries not yet sent on this connection (under the lock)."""
+        table = self._functions.bytes
+        if len(table) == len(self._sent_functions):
+            return {}
+        functions = {fid: table[fid] for fid in table.keys() - self._sent_functions}
+        self._sent_functions.update(functions)
+        return functions
 
     # ---------------------------------------------------------------- dask collections
 

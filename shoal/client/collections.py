@@ -11,9 +11,18 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from shoal.client.dask_graph import annotations_for, check_graph, cull, materialize
+from shoal.client.dask_graph import (
+    annotations_for,
+    check_graph,
+    cull,
+    materialize,
+    topological,
+)
 from shoal.client.futures import Future
+from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
+
+PART_SIZE = 10_000  # tasks per SubmitTasks message of a large graph
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -42,22 +51,27 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
-    specs = []
-    if dsk:
-        # Dask's order is an execution order (dependencies first): submitted in it, the
-        # scheduler's submission index is the tie-break priority.
-        priorities: dict[Any, int] = order(dsk)  # type: ignore[arg-type]
-        for key in sorted(dsk, key=priorities.__getitem__):
-            annots = annotations_for(key, by_type, defaults)
-            specs.append(
-                encoder.task_spec(
-                    key,
-                    dsk[key],
-                    priority=int(annots.get("priority", 0)),
-                    retries=int(annots.get("retries", 0)),
+    priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
+    ordered = topological(dsk, priorities)
+
+    def parts() -> Iterator[list[m.TaskSpec]]:
+        # Encoded part by part while earlier parts are on their way: the scheduler never
+        # holds the whole graph twice (as one decoded message and as tasks).
+        for start in range(0, max(len(ordered), 1), PART_SIZE):
+            part = []
+            for key in ordered[start : start + PART_SIZE]:
+                annots = annotations_for(key, by_type, defaults)
+                part.append(
+                    encoder.task_spec(
+                        key,
+                        dsk[key],
+                        priority=int(annots.get("priority", 0)),
+                        retries=int(annots.get("retries", 0)),
+                    )
                 )
-            )
-    futures = client._submit(specs, keys)
+            yield part
+
+    futures = client._submit_parts(parts(), keys)
     return dict(zip(keys, futures))
 
 
@@ -108,9 +122,7 @@ def compute(
     return out[0] if singleton else out
 
 
-def persist(
-    client: Client, collections: Any, optimize_graph: bool = True, **kwargs: Any
-) -> Any:
+def persist(client: Client, collections: Any, optimize_graph: bool = True, **kwargs: Any) -> Any:
     """Start computing collections; return equivalent collections backed by futures,
     at once (the work goes on in the background)."""
     from dask.base import collections_to_expr

@@ -123,6 +123,34 @@ def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None
         raise ValueError(f"the graph has a dependency cycle: {shown}")
 
 
+def topological(dsk: Mapping[Key, Any], priorities: Mapping[Key, int]) -> list[Key]:
+    """The keys in priority order (``dask.order``'s), moved where needed so that every
+    key comes after its dependencies in the graph."""
+    ordered = sorted(dsk, key=priorities.__getitem__)
+    rank = {key: i for i, key in enumerate(ordered)}
+    if all(
+        rank[dk] < i for i, key in enumerate(ordered) for dk in dsk[key].dependencies if dk in rank
+    ):
+        return ordered  # the usual case: Dask's order already runs dependencies first
+    out: list[Key] = []
+    placed: set[Key] = set()
+    for key in ordered:  # depth first through unplaced dependencies, in priority order
+        stack = [key]
+        while stack:
+            k = stack[-1]
+            if k in placed:
+                stack.pop()
+                continue
+            todo = [dk for dk in dsk[k].dependencies if dk in rank and dk not in placed]
+            if todo:
+                stack.extend(sorted(todo, key=rank.__getitem__, reverse=True))
+                continue
+            stack.pop()
+            placed.add(k)
+            out.append(k)
+    return out
+
+
 def _cycle_keys(dsk: Mapping[Key, Any], pending: Mapping[Key, int]) -> list[Key]:
     """One cycle among the keys Kahn's algorithm could not free, in dependency order."""
     key = next(iter(pending))

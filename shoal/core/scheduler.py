@@ -173,6 +173,10 @@ class SchedulerState:
         cs = self.clients.pop(client_id, None)
         if cs is None:
             return
+        if cs.partial is not None:  # a graph it never finished submitting
+            recs, errs = cs.partial
+            cs.partial = None
+            self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -239,6 +243,16 @@ class SchedulerState:
             else:
                 recs[ts] = "waiting"
         self._refuse_cycles([ts for ts, _ in new], recs, errs)
+        if cs.partial is not None:  # the earlier parts of this graph go first
+            recs = {**cs.partial[0], **recs}
+            errs = {**cs.partial[1], **errs}
+            cs.partial = None
+            if not msg.more and not msg.wanted:  # the client gave up on the graph
+                self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
+                return
+        if msg.more:
+            cs.partial = (recs, errs)
+            return
         for key in msg.wanted:
             ts = tasks.get(key)
             if ts is None:

@@ -82,11 +82,14 @@ class TaskGroup(Counters):
 
 
 class ClientRecord:
-    __slots__ = ("id", "wants")
+    __slots__ = ("id", "wants", "partial")
 
     def __init__(self, client_id: str):
         self.id = client_id
         self.wants: set[TaskState] = set()
+        # The new tasks of a graph still arriving in parts, with their next states:
+        # (to wait, to err); None when no graph is half submitted.
+        self.partial: tuple[dict[TaskState, str], dict[TaskState, str]] | None = None
 
     def __repr__(self) -> str:
         return f"<Client {self.id}>"

@@ -26,7 +26,9 @@ class Call:
         return (Call, (self.func, self.args, self.kwargs))
 
     def __repr__(self) -> str:
-        return f"Call({getattr(self.func, '__name__', self.func)!r}, {self.args!r}, {self.kwargs!r})"
+        return (
+            f"Call({getattr(self.func, '__name__', self.func)!r}, {self.args!r}, {self.kwargs!r})"
+        )
 
 
 class Build:

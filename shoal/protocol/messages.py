@@ -85,6 +85,9 @@ class SubmitTasks(Message):
     wanted: list[Key]  # keys the client holds futures for
     functions: dict[str, bytes] = {}  # function table entries new to this connection
     stimulus_id: str = ""
+    # More parts of the same graph follow (dependencies first): nothing is scheduled
+    # until the last part, so a large graph never has to be one frame.
+    more: bool = False
 
 
 class ReleaseKeys(Message):

@@ -20,7 +20,7 @@ import pytest
 from dask._task_spec import Alias, DataNode, Dict, List, Set, Task, TaskRef, Tuple, execute_graph
 from dask.order import order
 
-from shoal.client.dask_graph import GraphEncoder, check_graph, cull, materialize
+from shoal.client.dask_graph import GraphEncoder, check_graph, cull, materialize, topological
 from shoal.protocol import messages as m
 from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.serialize import FunctionCache, FunctionTable, loads_task_args
@@ -179,7 +179,7 @@ def test_operator_and_builtin_functions():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: (da.arange(100, chunks=10).reshape(10, 10).rechunk(5) @ da.ones((10, 3), chunks=5)),
+        lambda: da.arange(100, chunks=10).reshape(10, 10).rechunk(5) @ da.ones((10, 3), chunks=5),
         lambda: da.random.default_rng(0).random((40, 40), chunks=10).mean(axis=0),
         lambda: (lambda x: (x + x.T)[::3, 1:7].std())(da.ones((30, 30), chunks=7)),
         lambda: db.from_sequence(range(50), npartitions=5).map(inc).filter(lambda v: v % 3).sum(),
@@ -227,3 +227,16 @@ def test_missing_dependency_is_refused_naming_it():
 def test_cull_keeps_what_the_keys_need():
     dsk, _ = materialize({"a": 1, "b": (inc, "a"), "c": (inc, "b"), "unused": (inc, "a")})
     assert set(cull(dsk, ["c"])) == {"a", "b", "c"}
+
+
+def test_submission_order_puts_dependencies_first():
+    dsk = {
+        "a": Task("a", inc, TaskRef("b")),
+        "b": Task("b", inc, TaskRef("c")),
+        "c": DataNode("c", 1),
+        "d": DataNode("d", 2),
+    }
+    # Priorities that would send a task before its dependencies are corrected...
+    assert topological(dsk, {"a": 0, "d": 1, "b": 2, "c": 3}) == ["c", "b", "a", "d"]
+    # ... and a valid order is kept as it is.
+    assert topological(dsk, {"d": 0, "c": 1, "b": 2, "a": 3}) == ["d", "c", "b", "a"]

@@ -128,7 +128,9 @@ class Client:
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
         self.status = "running"
-        if self._set_as_default:
+        if self._set_as_default and not self.asynchronous:
+            # Dask calls its scheduler synchronously: an asynchronous client's get
+            # returns an awaitable, so it is never made the default.
             collections.set_default(self)
 
     def close(self) -> Any:

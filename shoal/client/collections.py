@@ -80,12 +80,10 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     ``dsk`` and return their values in the same structure. Options like ``compute``'s
     are taken; other keywords are tolerated, as Dask passes its own through."""
     flat = list(_flatten(keys))
-    futures = submit_graph(client, dsk, flat, _options(kwargs))
-    packed = _pack(keys, futures)
-    try:
-        return client.gather(packed)
-    finally:
-        del futures, packed  # release the keys once gathered
+    packed = _pack(keys, submit_graph(client, dsk, flat, _options(kwargs)))
+    # The futures live until gathered (in the coroutine, for an asynchronous client),
+    # then go, releasing the keys.
+    return client.gather(packed)
 
 
 def compute(

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask._task_spec import Alias, Task, TaskRef
+from dask.utils import apply
 from dask_tasks import (
     counted_double,
     counted_inc,
@@ -293,8 +294,9 @@ def test_client_get_plain_graph(client: Client) -> None:
         "c": (add, "a", "b"),
         ("x", 0): (sum, ["a", "b", "c"]),
         ("x", 1): (add, (inc, "b"), 10),  # an inline task as an argument
-        "d": (combine, ["a", ("x", 0), ["b", 4]], {"u": "c"}),
-        "e": (describe, ["a", "b"], {"p": ("x", 1)}),
+        "d": (combine, ["a", ("x", 0), ["b", 4]], {"u": 5}),  # a dict is a literal
+        # keyword arguments the legacy way
+        "e": (apply, describe, [["a", ("x", 1)], {"p": "a"}], (dict, [["label", "c"]])),
         "lit": "a plain string",
         "alias": "c",
     }
@@ -307,7 +309,9 @@ def test_client_get_plain_graph(client: Client) -> None:
     deep = [("x", 0), ["d", ["e", [("x", 1)]]], "lit", "alias"]
     got = client.get(dsk, deep)
     assert got == as_lists(dask.get(dsk, deep))
-    assert got[0] == 6 and got[1][1][1] == [13] and got[2:] == ["a plain string", 3]
+    assert got[0] == 6 and got[1][0] == 1 + 6 + 2 + 4 + 5
+    assert got[1][1][0] == {"label": 3, "items": [1, 13], "keys": ["p"], "mapping": {"p": "a"}}
+    assert got[1][1][1] == [13] and got[2:] == ["a plain string", 3]
     assert isinstance(got[1], list) and isinstance(got[1][1], list)
     # a single key: its value, not a list
     assert client.get(dsk, ("x", 1)) == dask.get(dsk, ("x", 1)) == 13
@@ -319,8 +323,8 @@ def test_client_get_plain_graph(client: Client) -> None:
         "r": Alias("r", "q"),
     }
     assert client.get(spec, ["p", ["q", "r"]]) == [42, [142, 142]]
-    # and with the client set as Dask's scheduler by hand
-    assert dask.get(dsk, "d") == client.get(dsk, "d")
+    # dask.get (the synchronous scheduler) agrees on the Task spec graph
+    assert as_lists(dask.get(spec, ["p", ["q", "r"]])) == [42, [142, 142]]
 
 
 # ------------------------------------------------------------------------ 2. default scheduler

@@ -238,16 +238,19 @@ def workload_tables(results: list[Result], systems: list[str]) -> list[str]:
 
 def _run_notes(res: dict[str, Result | None]) -> list[str]:
     notes = []
+    counted: set[int] = set()
     for s, r in res.items():
         if r is None:
             continue
         if r.zero:
             notes.append(f"- {s}: on `--zero` workers (every task reported done at once)")
-        if r.workload.count is not None:
+        if r.workload.count is not None and r.size not in counted:
+            counted.add(r.size)
             n, secs = r.workload.counted(r.size)
+            who = "" if _same_size(res) else f"{r.label}: "
             notes.append(
-                f"- {s}: {n:,} tasks in dask's optimised graph; building and optimising "
-                f"that graph alone took {secs:.2f} s in the client (counted once, untimed)"
+                f"- {who}{n:,} tasks in dask's optimised graph; building and optimising "
+                f"that graph alone took {secs:.2f} s in a client (counted once, untimed)"
             )
         if r.runs:
             walls = ", ".join(f"{x.wall:.3f}" for x in r.runs)

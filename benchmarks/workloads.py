@@ -430,7 +430,9 @@ WORKLOADS = [
         "million", million, 1_000_000, 100_000, "memory",
         "`client.compute(da.ones((c,), chunks=1).sum())` with c = 3/4 of the size (about "
         "size tasks), then `wait`; shoal on `--zero` workers, Dask (no zero mode) on its "
-        "normal workers at a smaller size; every run on a fresh cluster, no warm-up",
+        "normal workers at a smaller size; every run on a fresh cluster, no warm-up. "
+        "Dask's `compute` sends the unmaterialised expression and its scheduler builds "
+        "the graph, so its submit time leaves out graph construction; shoal's includes it",
         prepare=prepare_million,
         count=lambda n: dask_task_count(prepare_million(n)[0]),
         zero=True,

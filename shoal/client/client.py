@@ -22,6 +22,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from shoal.client import collections
+from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import CommClosedError, Connection
@@ -54,6 +56,7 @@ class Client:
         asynchronous: bool = False,
         timeout: float = 30.0,
         name: str = "",
+        set_as_default: bool = True,
     ):
         self.asynchronous = asynchronous
         self.timeout = timeout
@@ -84,6 +87,8 @@ class Client:
         self._runner: LoopRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ref_types: dict[type, Callable[[Any], Key]] = {Future: _future_key}
+        self._encoder: GraphEncoder | None = None
+        self._set_as_default = set_as_default
         if not asynchronous:
             self._runner = LoopRunner()
             self._loop = self._runner.loop
@@ -123,6 +128,8 @@ class Client:
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
         self.status = "running"
+        if self._set_as_default:
+            collections.set_default(self)
 
     def close(self) -> Any:
         """Release every key this client holds and disconnect."""
@@ -145,7 +152,10 @@ class Client:
             return
         self._closed = True
         self.status = "closed"
-        for st in self._states.values():
+        collections.unset_default(self)
+        # A cancelled future's callbacks may drop the last reference to another future,
+        # whose release edits ``_states``: iterate over a copy.
+        for st in list(self._states.values()):
             st.cancel("the client closed")
         self._flush_outbox()
         conn = self._conn
@@ -381,7 +391,7 @@ class Client:
             kwargs = {**func.keywords, **kwargs}
             func = func.func
         fid = self._functions.register(func)
-        payload, deps = dumps_task_args(args, kwargs, self._ref_types, self._functions)
+        payload, deps, funcs = dumps_task_args(args, kwargs, self._ref_types, self._functions)
         if key is None:
             prefix = name or _funcname(func)
             if pure:
@@ -389,7 +399,7 @@ class Client:
                 key = f"{prefix}-{h.hexdigest()}"
             else:
                 key = f"{prefix}-{uuid.uuid4().hex}"
-        return m.TaskSpec(key, fid, payload, deps, group, priority, retries)
+        return m.TaskSpec(key, fid, payload, deps, group, priority, retries, funcs)
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
         if self.status != "running":
@@ -411,10 +421,35 @@ class Client:
                 self._sent_functions.update(functions)
             self._send(
                 m.SubmitTasks(
-                    unique, list(seen), functions, stimulus_id=f"submit-{next(self._submits)}"
+                    unique,
+                    list(dict.fromkeys(keys)),
+                    functions,
+                    stimulus_id=f"submit-{next(self._submits)}",
                 )
             )
         return futures
+
+    # ---------------------------------------------------------------- dask collections
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """Dask's scheduler protocol: the values of ``keys`` (a key or nested lists of
+        keys) of the graph ``dsk``. ``dask.config.set(scheduler=client.get)`` works."""
+        return collections.get(self, dsk, keys, **kwargs)
+
+    def compute(self, collections_: Any, sync: bool = False, **kwargs: Any) -> Any:
+        """A future for each Dask collection (a list for a list), or the values with
+        ``sync=True``. Takes ``optimize_graph``, ``priority``, ``retries``, ``workers``,
+        ``resources``, ``allow_other_workers``, ``traverse``."""
+        return collections.compute(self, collections_, sync=sync, **kwargs)
+
+    def persist(self, collections_: Any, **kwargs: Any) -> Any:
+        """Start computing Dask collections and return them backed by futures, at once."""
+        return collections.persist(self, collections_, **kwargs)
+
+    def _graph_encoder(self) -> GraphEncoder:
+        if self._encoder is None:
+            self._encoder = GraphEncoder(self._functions, self._ref_types)
+        return self._encoder
 
     def cancel(self, futures: Iterable[Future] | Future) -> Any:
         """Cancel futures (and, for this client, everything built on them)."""

@@ -121,6 +121,7 @@ class Future:
     """A remote result that is, or will be, held by a worker."""
 
     __slots__ = ("key", "client", "_state", "__weakref__")
+    __dask_future__ = True  # Dask graphs refer to it by key (as to Dask's own futures)
 
     def __init__(self, key: Key, client: Client, state: FutureState | None = None):
         self.key = key
@@ -177,6 +178,9 @@ class Future:
             self.client._release(self.key)
         except Exception:  # interpreter shutdown, closed loop: nothing left to release
             pass
+
+    def __dask_tokenize__(self) -> Any:
+        return ("shoal.Future", self.key)
 
     def __reduce__(self) -> Any:
         raise TypeError(

@@ -38,6 +38,20 @@ MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
 BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
 
 
+def _task_functions(spec: m.TaskSpec) -> str | tuple[str, ...]:
+    """The function id a task calls, or a tuple of it and the ids its payload uses:
+    a plain str for the common single-function task keeps the record small."""
+    if not spec.funcs:
+        return spec.func
+    return tuple(dict.fromkeys((spec.func, *spec.funcs)))
+
+
+def _function_ids(func: str | tuple[str, ...]) -> tuple[str, ...]:
+    if type(func) is str:
+        return (func,) if func else ()
+    return func  # type: ignore[return-value]
+
+
 def error_payload(exc: BaseException) -> Payload:
     """An exception made by the scheduler itself (builtin types only)."""
     return Payload(PICKLE, pickle.dumps(exc, protocol=5))
@@ -193,7 +207,7 @@ class SchedulerState:
             if ts is None:
                 ts = TaskState(
                     spec.key,
-                    spec.func,
+                    _task_functions(spec),
                     spec.payload,
                     self._group(spec.group or spec.key),
                     (-spec.priority, generation, i),
@@ -202,7 +216,7 @@ class SchedulerState:
                 tasks[spec.key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
-                ts.func, ts.payload = spec.func, spec.payload
+                ts.func, ts.payload = _task_functions(spec), spec.payload
         recs: Recs = {}
         errs: Recs = {}
         for ts, deps in new:
@@ -214,11 +228,12 @@ class SchedulerState:
                     continue
                 ts.dependencies.add(dts)
                 dts.dependents.add(ts)
-            if missing or (ts.func and ts.func not in self.functions):
+            unsent = [fid for fid in _function_ids(ts.func) if fid not in self.functions]
+            if missing or unsent:
                 if missing:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
                 else:
-                    problem = f"names function {ts.func!r}, which its client never sent"
+                    problem = f"names function {unsent[0]!r}, which its client never sent"
                 ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
                 errs[ts] = "erred"
             else:
@@ -528,9 +543,17 @@ class SchedulerState:
         return ws
 
     def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
-        if ts.func and ts.func not in ws.known_functions:
-            ws.known_functions.add(ts.func)
-            self.comm.send_worker(ws.address, m.FunctionDefs({ts.func: self.functions[ts.func]}))
+        func = ts.func
+        if type(func) is str:
+            if func and func not in ws.known_functions:
+                ws.known_functions.add(func)
+                self.comm.send_worker(ws.address, m.FunctionDefs({func: self.functions[func]}))
+        else:
+            new = {fid: self.functions[fid] for fid in func if fid not in ws.known_functions}
+            if new:
+                ws.known_functions.update(new)
+                self.comm.send_worker(ws.address, m.FunctionDefs(new))
+            func = func[0]
         deps = [
             m.DepInfo(dts.key, dts.nbytes, [w.address for w in dts.who_has])
             for dts in ts.dependencies
@@ -538,7 +561,7 @@ class SchedulerState:
         assert ts.payload is not None
         self.comm.send_worker(
             ws.address,
-            m.ComputeTask(ts.key, ts.func, ts.payload, ts.priority, deps, stimulus_id),
+            m.ComputeTask(ts.key, func, ts.payload, ts.priority, deps, stimulus_id),
         )
 
     def _decide_worker(self, ts: TaskState) -> WorkerRecord | None:

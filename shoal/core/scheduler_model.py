@@ -163,7 +163,7 @@ class TaskState:
     def __init__(
         self,
         key: Key,
-        func: str,
+        func: str | tuple[str, ...],
         payload: Payload | None,
         group: TaskGroup,
         priority: tuple[int, ...] = (0,),

@@ -77,6 +77,7 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     group: str = ""  # TaskGroup name; derived from the key when empty
     priority: int = 0  # user priority: higher runs first
     retries: int = 0
+    funcs: list[str] = []  # function-table ids used inside the payload (besides ``func``)
 
 
 class SubmitTasks(Message):

@@ -14,13 +14,14 @@ Only clients and workers call the ``loads_*`` functions; the scheduler passes
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import io
 import pickle
 import sys
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import cloudpickle
 import msgspec
@@ -122,14 +123,83 @@ class FunctionCache:
 # --- task arguments -----------------------------------------------------------------
 
 
+class TableFunction:
+    """A callable that travels as a function-table reference wherever it stands in a
+    payload (a function inside a nested or fused task): serialised once per client,
+    deserialised once per worker, however many tasks use it."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: Any):
+        self.func = func
+
+
+Reducers = Mapping[type, Callable[[Any], Any]]
+
+
+class _ReducingPickler(cloudpickle.Pickler):
+    """cloudpickle with extra reducers by exact type (a compact form for a known type)."""
+
+    reducers: Reducers = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduce = self.reducers.get(type(obj))
+        if reduce is not None:
+            return reduce(obj)
+        return super().reducer_override(obj)
+
+
+class _NeedsCloudpickle(Exception):
+    """The fast pickler met something only cloudpickle serialises correctly."""
+
+
+_by_reference_cache: dict[int, tuple[Any, bool]] = {}
+_NEVER_REFERENCED = frozenset(
+    {str, int, float, bytes, bool, type(None), tuple, list, dict, set, frozenset, complex}
+)
+_dispatch_tables: dict[int, tuple[Reducers, dict[type, Any]]] = {}
+
+
+def _dispatch_table(reducers: Reducers) -> dict[type, Any]:
+    """copyreg's table with ``reducers`` over it, merged once per reducers mapping."""
+    hit = _dispatch_tables.get(id(reducers))
+    if hit is None or hit[0] is not reducers:
+        hit = _dispatch_tables[id(reducers)] = (reducers, {**copyreg.dispatch_table, **reducers})
+    return hit[1]
+
+
+def _pickled_by_reference(obj: Any) -> bool:
+    """cloudpickle's verdict for a function or class, cached per object."""
+    hit = _by_reference_cache.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    verdict = _by_reference(obj)
+    if len(_by_reference_cache) >= 10_000:
+        _by_reference_cache.clear()
+    _by_reference_cache[id(obj)] = (obj, verdict)
+    return verdict
+
+
 def _pickle(
     obj: Any,
     ref_types: dict[type, Callable[[Any], Key]] | None = None,
     functions: FunctionTable | None = None,
     deps: list[Key] | None = None,
     out_of_band: bool = True,
+    funcs: list[str] | None = None,
+    reducers: Reducers | None = None,
 ) -> tuple[Payload, list[memoryview]]:
+    """Pickle ``obj``: references for ``ref_types`` (their keys appended to ``deps``),
+    function-table entries for by-value functions and classes (ids appended to
+    ``funcs``), large buffers out of band.
+
+    With a function table, the C pickler is tried first: every by-value function or
+    class reaches ``persistent_id`` and goes to the table, so what is left pickles by
+    reference as plain pickle does, at several times cloudpickle's speed. Whatever it
+    cannot handle is pickled again by cloudpickle."""
     buffers: list[memoryview] = []
+    ndeps = len(deps) if deps is not None else 0
+    nfuncs = len(funcs) if funcs is not None else 0
 
     def buffer_callback(pb: pickle.PickleBuffer) -> bool:
         raw = pb.raw()
@@ -138,24 +208,64 @@ def _pickle(
         buffers.append(raw)
         return False
 
+    def persistent_id(o: Any) -> Any:
+        t = type(o)
+        if t in _NEVER_REFERENCED:  # most objects: answered by one set lookup
+            return None
+        if ref_types and t in ref_types:
+            key = ref_types[t](o)
+            if deps is not None:
+                deps.append(key)
+            return ("k", key)
+        if t is TableFunction:
+            if functions is None:
+                raise _NeedsCloudpickle
+            fid = functions.register(o.func)
+        elif t is types.FunctionType or isinstance(o, type):
+            if _pickled_by_reference(o):
+                return None
+            if functions is None:
+                raise _NeedsCloudpickle
+            fid = functions.register(o)
+        else:
+            return None
+        if funcs is not None:
+            funcs.append(fid)
+        return ("f", fid)
+
+    callback = buffer_callback if out_of_band else None
+    if functions is not None:
+        f = io.BytesIO()
+        fast = pickle.Pickler(f, protocol=5, buffer_callback=callback)
+        if reducers:
+            fast.dispatch_table = _dispatch_table(reducers)
+        fast.persistent_id = persistent_id  # type: ignore[method-assign]
+        try:
+            fast.dump(obj)
+            return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
+        except SerializationError:
+            raise
+        except Exception:  # e.g. a module, a code object: cloudpickle knows more
+            buffers.clear()
+            if deps is not None:
+                del deps[ndeps:]
+            if funcs is not None:
+                del funcs[nfuncs:]
+
     f = io.BytesIO()
-    pickler = cloudpickle.Pickler(
-        f, protocol=5, buffer_callback=buffer_callback if out_of_band else None
-    )
+    cls = _ReducingPickler if reducers else cloudpickle.Pickler
+    pickler = cls(f, protocol=5, buffer_callback=callback)
+    if reducers:
+        pickler.reducers = reducers
     if ref_types or functions is not None:
 
-        def persistent_id(o: Any) -> Any:
-            t = type(o)
-            if ref_types and t in ref_types:
-                key = ref_types[t](o)
-                if deps is not None:
-                    deps.append(key)
-                return ("k", key)
-            if functions is not None and t is types.FunctionType and not _by_reference(o):
-                return ("f", functions.register(o))
-            return None
+        def cloud_persistent_id(o: Any) -> Any:
+            try:
+                return persistent_id(o)
+            except _NeedsCloudpickle:
+                return None
 
-        pickler.persistent_id = persistent_id
+        pickler.persistent_id = cloud_persistent_id
     try:
         pickler.dump(obj)
     except SerializationError:
@@ -165,13 +275,20 @@ def _pickle(
     return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
 
 
+class TaskArgs(NamedTuple):
+    payload: Payload
+    deps: list[Key]  # keys referenced by the arguments, in order of appearance
+    funcs: list[str]  # function-table ids referenced by the arguments (by-value functions)
+
+
 def dumps_task_args(
     args: tuple,
     kwargs: dict,
     ref_types: dict[type, Callable[[Any], Key]],
     functions: FunctionTable,
-) -> tuple[Payload, list[Key]]:
-    """Encode ``(args, kwargs)``; return the payload and the dependency keys found."""
+    reducers: Reducers | None = None,
+) -> TaskArgs:
+    """Encode ``(args, kwargs)`` with the dependency keys and function ids they use."""
     deps: list[Key] = []
     body = [list(args), kwargs]
     if _plain(body, ref_types):
@@ -182,12 +299,14 @@ def dumps_task_args(
             return msgspec.msgpack.Ext(_KEY_EXT, _mp_encoder.encode(key))
 
         try:
-            return Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook)), deps
+            payload = Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook))
+            return TaskArgs(payload, deps, [])
         except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
             deps.clear()
     # The scheduler holds task payloads as one opaque piece: no out-of-band buffers.
-    payload, _ = _pickle((args, kwargs), ref_types, functions, deps, out_of_band=False)
-    return payload, deps
+    funcs: list[str] = []
+    payload, _ = _pickle((args, kwargs), ref_types, functions, deps, False, funcs, reducers)
+    return TaskArgs(payload, deps, funcs)
 
 
 def loads_task_args(

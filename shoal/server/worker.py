@@ -8,6 +8,7 @@ task on a thread, fetch data from a peer, send a message to the scheduler.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -230,9 +231,12 @@ class Worker:
                 )
             return value
 
+        coroutines: asyncio.Runner | None = None  # this thread's loop for async tasks
         while True:
             item = self._queue.get()
             if item is None:
+                if coroutines is not None:
+                    coroutines.close()
                 return
             key, func_id, payload = item
             start = time.time()
@@ -240,6 +244,12 @@ class Worker:
                 func = get_func(func_id)
                 args, kwargs = loads_task_args(payload, resolve, get_func)
                 value = func(*args, **kwargs)
+                if inspect.iscoroutine(value):
+                    # An async task runs to completion on a loop of this thread's own,
+                    # so a coroutine that blocks cannot stall the worker's messages.
+                    if coroutines is None:
+                        coroutines = asyncio.Runner()
+                    value = coroutines.run(value)
                 stop = time.time()
                 event: Any = ExecuteSuccess(
                     key=key,

@@ -242,3 +242,21 @@ def test_asynchronous_client(cluster: LocalCluster) -> None:
         assert c2.status == "closed"
 
     asyncio.run(main())
+
+
+def test_function_passed_as_an_argument_reaches_the_worker(client):
+    # A by-value function inside the arguments goes through the function table like
+    # the task's own function; the worker must be sent its entry too.
+    assert client.submit(lambda g: g(1), lambda x: x + 41).result(timeout=30) == 42
+
+
+async def async_inc(x):
+    await asyncio.sleep(0.01)
+    return x + 1
+
+
+def test_coroutine_functions_run_to_completion(client):
+    # An async function's coroutine is awaited on the worker; the result is its value.
+    futs = client.map(async_inc, range(5))
+    assert client.gather(futs) == [1, 2, 3, 4, 5]
+    assert client.get({"a": (async_inc, 41)}, "a") == 42

@@ -98,7 +98,7 @@ def assert_same(a, b):
 def roundtrip_args(args, kwargs=None, functions=None):
     kwargs = kwargs or {}
     functions = functions if functions is not None else FunctionTable()
-    payload, deps = dumps_task_args(args, kwargs, REF_TYPES, functions)
+    payload, deps, _ = dumps_task_args(args, kwargs, REF_TYPES, functions)
     cache = FunctionCache()
     cache.add(functions.bytes)
     back = loads_task_args(payload, no_key, cache.get)
@@ -238,7 +238,7 @@ def test_loads_task_args_rejects_unknown_kind():
 
 def test_references_become_dependencies_on_the_msgpack_path():
     args = (Ref("a"), 1, [Ref(("x", 1)), {"k": Ref(7)}])
-    payload, deps = dumps_task_args(args, {"kw": Ref("b")}, REF_TYPES, FunctionTable())
+    payload, deps, _ = dumps_task_args(args, {"kw": Ref("b")}, REF_TYPES, FunctionTable())
     assert payload.kind == MSGPACK
     assert deps == ["a", ("x", 1), 7, "b"]
     seen = []
@@ -258,7 +258,7 @@ def test_references_become_dependencies_on_the_msgpack_path():
 
 def test_references_become_dependencies_on_the_pickle_path():
     args = ((Ref("a"), {1, 2}), Point(1, 2.0), [Ref(("x", 1, ("y", 2)))])
-    payload, deps = dumps_task_args(args, {"kw": Ref(3)}, REF_TYPES, FunctionTable())
+    payload, deps, _ = dumps_task_args(args, {"kw": Ref(3)}, REF_TYPES, FunctionTable())
     assert payload.kind == PICKLE
     assert deps == ["a", ("x", 1, ("y", 2)), 3]
     data = {"a": "A", ("x", 1, ("y", 2)): "X", 3: "three"}
@@ -281,14 +281,14 @@ def test_reference_objects_are_not_pickled():
 
     ref_types: dict[type, Callable[[Any], Key]] = {Secret: lambda r: r.key}
     for args in [(Secret("a"),), ((Secret("a"),),)]:  # msgpack path, pickle path
-        payload, deps = dumps_task_args(args, {}, ref_types, FunctionTable())
+        payload, deps, _ = dumps_task_args(args, {}, ref_types, FunctionTable())
         assert deps == ["a"]
 
 
 def test_fallback_to_pickle_does_not_duplicate_dependencies():
     # msgpack is tried first (Ref, then a surrogate str it cannot encode): the keys
     # found on that attempt must not be counted twice.
-    payload, deps = dumps_task_args((Ref("a"), "\ud800"), {}, REF_TYPES, FunctionTable())
+    payload, deps, _ = dumps_task_args((Ref("a"), "\ud800"), {}, REF_TYPES, FunctionTable())
     assert payload.kind == PICKLE
     assert deps == ["a"]
     assert loads_task_args(payload, lambda k: str(k).upper(), no_func) == (("A", "\ud800"), {})
@@ -307,10 +307,12 @@ def test_lambdas_and_closures_go_to_the_function_table():
 
     table = FunctionTable()
     args = (lam, [lam, lam], (closure,))
-    payload, deps = dumps_task_args(args, {"f": lam}, REF_TYPES, table)
+    payload, deps, funcs = dumps_task_args(args, {"f": lam}, REF_TYPES, table)
     assert payload.kind == PICKLE
     assert deps == []
     assert len(table.bytes) == 2
+    # The task names every table entry its payload uses, so the worker gets them all.
+    assert set(funcs) == set(table.bytes)
     # The body lives in the table, once; the payload only references it.
     assert marker.encode() not in payload.data
     assert sum(marker.encode() in data for data in table.bytes.values()) == 1
@@ -366,7 +368,7 @@ def test_register_returns_the_same_id_and_pickles_once(monkeypatch):
         return x * 2
 
     ids = {table.register(f) for _ in range(5)}
-    payload, _ = dumps_task_args((f, [f]), {"g": f}, REF_TYPES, table)
+    payload, _, _ = dumps_task_args((f, [f]), {"g": f}, REF_TYPES, table)
     dumps_task_args((f,), {}, REF_TYPES, table)
     assert ids == {table.register(f)}
     assert calls == [f]

@@ -1,0 +1,192 @@
+"""Dask collections on a shoal client: ``get`` (Dask's scheduler protocol), ``compute``,
+``persist``, and being Dask's default scheduler.
+
+Graphs are materialised and encoded here, on the client (see :mod:`dask_graph`): the
+scheduler receives task specs, never a pickled expression it would have to open.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from shoal.client.dask_graph import annotations_for, check_graph, cull, materialize
+from shoal.client.futures import Future
+from shoal.protocol.messages import Key
+
+if TYPE_CHECKING:
+    from shoal.client.client import Client
+
+
+def submit_graph(
+    client: Client,
+    graph: Any,
+    keys: Iterable[Key],
+    options: dict[str, Any] | None = None,
+) -> dict[Key, Future]:
+    """Submit the part of ``graph`` that ``keys`` need; futures for ``keys``.
+
+    ``options`` are annotations for every task (``priority``, ``retries``, ``workers``,
+    ``resources``, ``allow_other_workers``), under those of the graph's own layers."""
+    import dask
+    from dask.order import order
+
+    keys = list(dict.fromkeys(keys))
+    dsk, by_type = materialize(graph)
+    dsk = cull(dsk, keys)
+    held = client._states
+    unknown = [k for k in keys if k not in dsk and k not in held]
+    if unknown:
+        raise ValueError(f"keys neither in the graph nor held by this client: {unknown[:20]!r}")
+    check_graph(dsk, held.__contains__)
+    defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
+    encoder = client._graph_encoder()
+    specs = []
+    if dsk:
+        # Dask's order is an execution order (dependencies first): submitted in it, the
+        # scheduler's submission index is the tie-break priority.
+        priorities: dict[Any, int] = order(dsk)  # type: ignore[arg-type]
+        for key in sorted(dsk, key=priorities.__getitem__):
+            annots = annotations_for(key, by_type, defaults)
+            specs.append(
+                encoder.task_spec(
+                    key,
+                    dsk[key],
+                    priority=int(annots.get("priority", 0)),
+                    retries=int(annots.get("retries", 0)),
+                )
+            )
+    futures = client._submit(specs, keys)
+    return dict(zip(keys, futures))
+
+
+def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """Dask's scheduler protocol: compute ``keys`` (a key or nested lists of keys) of
+    ``dsk`` and return their values in the same structure. Options like ``compute``'s
+    are taken; other keywords are tolerated, as Dask passes its own through."""
+    flat = list(_flatten(keys))
+    futures = submit_graph(client, dsk, flat, _options(kwargs))
+    packed = _pack(keys, futures)
+    try:
+        return client.gather(packed)
+    finally:
+        del futures, packed  # release the keys once gathered
+
+
+def compute(
+    client: Client,
+    collections: Any,
+    sync: bool = False,
+    optimize_graph: bool = True,
+    traverse: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """A future for each collection (values with ``sync=True``); other items pass through."""
+    import dask
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+
+    singleton = not isinstance(collections, list | tuple | set | frozenset)
+    items = [collections] if singleton else list(collections)
+    if traverse:
+        items = [
+            dask.delayed(a) if isinstance(a, list | set | tuple | dict | Iterator) else a
+            for a in items
+        ]
+    variables = [a for a in items if dask.is_dask_collection(a)]
+    futures: list[Future] = []
+    if variables:
+        expr = FinalizeCompute(collections_to_expr(variables, optimize_graph)).optimize()
+        names = list(_flatten(expr.__dask_keys__()))
+        by_key = submit_graph(client, expr, names, _options(kwargs))
+        futures = [by_key[k] for k in names]
+    it = iter(futures)
+    out = [next(it) if dask.is_dask_collection(a) else a for a in items]
+    if sync:
+        out = client.gather(out)
+    return out[0] if singleton else out
+
+
+def persist(
+    client: Client, collections: Any, optimize_graph: bool = True, **kwargs: Any
+) -> Any:
+    """Start computing collections; return equivalent collections backed by futures,
+    at once (the work goes on in the background)."""
+    from dask.base import collections_to_expr
+
+    singleton = not isinstance(collections, list | tuple | set | frozenset)
+    items = [collections] if singleton else list(collections)
+    expr = collections_to_expr(items, optimize_graph).optimize()
+    keys = expr.__dask_keys__()
+    futures = submit_graph(client, expr, _flatten(keys), _options(kwargs))
+    out = []
+    for coll, ks in zip(items, keys):
+        rebuild, args = coll.__dask_postpersist__()
+        out.append(rebuild({k: futures[k] for k in _flatten(ks)}, *args))
+    return out[0] if singleton else out
+
+
+def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "priority": kwargs.get("priority", 0),
+        "retries": kwargs.get("retries"),
+        "workers": kwargs.get("workers"),
+        "resources": kwargs.get("resources"),
+        "allow_other_workers": kwargs.get("allow_other_workers"),
+    }
+
+
+def _flatten(keys: Any) -> Iterator[Key]:
+    if isinstance(keys, list):
+        for k in keys:
+            yield from _flatten(k)
+    else:
+        yield keys
+
+
+def _pack(keys: Any, futures: dict[Key, Future]) -> Any:
+    if isinstance(keys, list):
+        return [_pack(k, futures) for k in keys]
+    return futures[keys]
+
+
+# ------------------------------------------------------------------------ default client
+
+_default_lock = threading.Lock()
+_defaults: list[Client] = []  # clients that asked to be the default, newest last
+_no_scheduler = object()
+_before: Any = _no_scheduler  # dask's "scheduler" setting before the first of them
+
+
+def set_default(client: Client) -> None:
+    """Make ``client.get`` Dask's scheduler until ``client`` closes."""
+    import dask
+
+    global _before
+    with _default_lock:
+        if not _defaults:
+            _before = dask.config.get("scheduler", _no_scheduler)
+        _defaults.append(client)
+        dask.config.set(scheduler=client.get)
+
+
+def unset_default(client: Client) -> None:
+    """``client`` closed: the newest open default client takes over, or whatever Dask's
+    setting was before (only if nobody has changed it since)."""
+    import dask
+
+    global _before
+    with _default_lock:
+        if client not in _defaults:
+            return
+        ours = dask.config.get("scheduler", None) == _defaults[-1].get
+        _defaults.remove(client)
+        if not ours:
+            return
+        if _defaults:
+            dask.config.set(scheduler=_defaults[-1].get)
+        elif _before is _no_scheduler:
+            dask.config.config.pop("scheduler", None)
+        else:
+            dask.config.set(scheduler=_before)

@@ -1,0 +1,254 @@
+"""Dask graphs as shoal tasks.
+
+A Dask collection or graph (an expression, a ``HighLevelGraph`` or a plain dict; Dask's
+``Task``/``Alias``/``DataNode``/``TaskRef`` spec, nested containers, fused subgraphs,
+legacy tuples through Dask's own converter) becomes one :class:`TaskSpec` per key:
+
+* the task's function goes to the client's function table (serialised once per
+  distinct function, sent once per connection), also when it is a ``functools.partial``
+  (taken apart) or inside a fused subgraph or a nested call (a by-value function in the
+  payload is replaced by its table id);
+* its arguments become the payload, each dependency replaced by a reference that the
+  worker resolves against local data; inline tasks become :mod:`shoal.protocol.calls`
+  objects evaluated on the worker; everything else is passed through untouched;
+* priorities come from ``dask.order`` (the order of submission), annotations from the
+  graph's layers and ``dask.annotate``.
+
+The scheduler sees keys, dependencies and opaque bytes only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from shoal.protocol import messages as m
+from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
+from shoal.protocol.messages import Key
+from shoal.protocol.serialize import FunctionTable, TableFunction, dumps_task_args
+
+ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers")
+
+
+class Dep:
+    """A dependency's place in a task's arguments: the worker puts its value there."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Key):
+        self.key = key
+
+
+def _dep_key(dep: Dep) -> Key:
+    return dep.key
+
+
+# ------------------------------------------------------------------------ materialising
+
+
+def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
+    """``(dsk, annotations by type)`` for an expression, a HighLevelGraph or a dict;
+    every value of ``dsk`` is a Dask ``GraphNode``."""
+    from dask._expr import Expr, HLGExpr, LLGExpr
+    from dask._task_spec import convert_legacy_graph
+    from dask.highlevelgraph import HighLevelGraph
+
+    if isinstance(graph, HighLevelGraph):
+        graph = HLGExpr(graph)
+    elif isinstance(graph, Mapping):
+        graph = LLGExpr(dict(graph))
+    if not isinstance(graph, Expr):
+        raise TypeError(
+            f"expected a Dask graph (an expression, HighLevelGraph or dict), got "
+            f"{type(graph).__name__}"
+        )
+    dsk = graph.__dask_graph__()
+    annotations = graph.__dask_annotations__()
+    return convert_legacy_graph(dsk), annotations
+
+
+def cull(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Any]:
+    """The part of ``dsk`` that ``keys`` need; keys outside ``dsk`` are left to the caller."""
+    out: dict[Key, Any] = {}
+    stack = list(keys)
+    while stack:
+        key = stack.pop()
+        if key in out:
+            continue
+        node = dsk.get(key)
+        if node is None:
+            continue
+        out[key] = node
+        stack.extend(node.dependencies)
+    return out
+
+
+def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None:
+    """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
+    that has a cycle; the error names the keys."""
+    missing = {
+        dk
+        for node in dsk.values()
+        for dk in node.dependencies
+        if dk not in dsk and not external(dk)
+    }
+    if missing:
+        shown = ", ".join(sorted(map(repr, missing))[:20])
+        raise ValueError(
+            f"the graph depends on {len(missing)} key(s) that exist nowhere (not in the graph "
+            f"and not held by this client): {shown}"
+        )
+    # Kahn's algorithm: whatever never becomes free is on or after a cycle.
+    pending = {}
+    dependents: dict[Key, list[Key]] = {}
+    for key, node in dsk.items():
+        n = 0
+        for dk in node.dependencies:
+            if dk in dsk:
+                n += 1
+                dependents.setdefault(dk, []).append(key)
+        pending[key] = n
+    free = [k for k, n in pending.items() if n == 0]
+    while free:
+        key = free.pop()
+        del pending[key]
+        for dk in dependents.get(key, ()):
+            pending[dk] -= 1
+            if pending[dk] == 0:
+                free.append(dk)
+    if pending:
+        on_cycle = _cycle_keys(dsk, pending)
+        shown = " -> ".join(map(repr, on_cycle))
+        raise ValueError(f"the graph has a dependency cycle: {shown}")
+
+
+def _cycle_keys(dsk: Mapping[Key, Any], pending: Mapping[Key, int]) -> list[Key]:
+    """One cycle among the keys Kahn's algorithm could not free, in dependency order."""
+    key = next(iter(pending))
+    seen: dict[Key, int] = {}
+    path: list[Key] = []
+    while key not in seen:
+        seen[key] = len(path)
+        path.append(key)
+        key = next(dk for dk in dsk[key].dependencies if dk in pending)
+    return [*path[seen[key] :], key]
+
+
+# ------------------------------------------------------------------------ encoding
+
+
+class GraphEncoder:
+    """Turns Dask graph nodes into task specs for one client."""
+
+    def __init__(self, functions: FunctionTable, ref_types: dict[type, Callable[[Any], Key]]):
+        self.functions = functions
+        self.ref_types = {**ref_types, Dep: _dep_key}
+        from dask._task_spec import Alias, DataNode, NestedContainer, Task, TaskRef
+
+        # Dask's classes, imported here so that importing shoal does not import dask.
+        self._alias: Any = Alias
+        self._data: Any = DataNode
+        self._task: Any = Task
+        self._container: Any = NestedContainer
+        self._taskref: Any = TaskRef
+        self._nested = False  # the node being encoded has an inline task
+        # Tasks of a fused subgraph travel as (key, function, args, kwargs), their
+        # functions by function-table reference.
+        self._reducers: dict[type, Any] = {Task: _reduce_task}
+
+    def task_spec(
+        self,
+        key: Key,
+        node: Any,
+        priority: int = 0,
+        retries: int = 0,
+    ) -> m.TaskSpec:
+        if isinstance(node, self._alias):
+            func: Any = identity
+            args: tuple = (Dep(node.target),)
+            kwargs: dict = {}
+        elif isinstance(node, self._data):
+            func, args, kwargs = identity, (node.value,), {}
+        elif isinstance(node, self._task):
+            self._nested = False
+            args = tuple(self._arg(a) for a in node.args)
+            kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
+            func = node.func
+            if self._nested:
+                args, kwargs = (Call(TableFunction(func), args, kwargs),), {}
+                func = run_nested
+            else:
+                # A partial is taken apart, as for submit: one table entry for its
+                # function, however many different partials of it the graph holds.
+                while isinstance(func, functools.partial):
+                    args = func.args + args
+                    kwargs = {**func.keywords, **kwargs}
+                    func = func.func
+        else:
+            raise TypeError(f"the graph's value for {key!r} is not a task: {node!r}")
+        fid = self.functions.register(func)
+        payload, deps, funcs = dumps_task_args(
+            args, kwargs, self.ref_types, self.functions, self._reducers
+        )
+        return m.TaskSpec(
+            key,
+            fid,
+            payload,
+            list(dict.fromkeys(deps)),
+            "",
+            priority,
+            retries,
+            list(dict.fromkeys(funcs)),
+        )
+
+    def _arg(self, a: Any) -> Any:
+        """An argument as the task will see it: dependencies become references, Dask's
+        containers and inline tasks become values or nested calls. Anything else is the
+        user's own value and is passed on as it is, not looked into."""
+        if type(a) is self._taskref:
+            return Dep(a.key)
+        if isinstance(a, self._alias):
+            return Dep(a.target)
+        if isinstance(a, self._data):
+            return a.value
+        if isinstance(a, self._container):
+            items = [self._arg(x) for x in a.args]
+            kind = _CONTAINER_KINDS.get(a.klass, "list")
+            if any(type(x) is Call or type(x) is Build for x in items):
+                return Build(kind, items)
+            if kind == "dict":
+                return dict(zip(items[::2], items[1::2]))
+            return items if kind == "list" else a.klass(items)
+        if isinstance(a, self._task):
+            self._nested = True
+            args = tuple(self._arg(x) for x in a.args)
+            kwargs = {k: self._arg(v) for k, v in a.kwargs.items()}
+            return Call(TableFunction(a.func), args, kwargs)
+        return a
+
+
+def _reduce_task(task: Any) -> Any:
+    return (rebuild_task, (task.key, TableFunction(task.func), task.args, task.kwargs))
+
+
+_CONTAINER_KINDS: dict[Any, str] = {list: "list", tuple: "tuple", set: "set", dict: "dict"}
+
+
+def annotations_for(
+    key: Key,
+    by_type: Mapping[str, Mapping[Key, Any]],
+    defaults: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A key's annotations: its layer's, else the defaults (the call's and ``dask.annotate``'s)."""
+    out = {}
+    for name in ANNOTATIONS:
+        per_key = by_type.get(name)
+        value = per_key.get(key) if per_key else None
+        if value is None:
+            value = defaults.get(name)
+            if callable(value):
+                value = value(key)
+        if value is not None:
+            out[name] = value
+    return out

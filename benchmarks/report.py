@@ -134,7 +134,7 @@ def ratio(metric: str, cand: float | None, base: float | None) -> str:
     if not cand or not base or metric in NO_RATIO:
         return "—"
     r = cand / base if metric in HIGHER_IS_BETTER else base / cand
-    return f"{r:.2f}×"
+    return f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -186,6 +186,8 @@ def _group_label(res: dict[str, Result | None]) -> str:
 def _ratio_cell(res: dict[str, Result | None], metric: str) -> str:
     if metric in SIZE_BOUND and not _same_size(res):
         return "—"
+    if metric == "workers µs/task" and len({r.zero for r in _present(res)}) > 1:
+        return "—"  # zero workers against real ones
     return ratio(metric, _value(res[CANDIDATE], metric), _value(res[BASELINE], metric))
 
 

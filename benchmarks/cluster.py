@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.workloads import Api
+from benchmarks.workloads import Api, dask_executed_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,6 +157,7 @@ class System:
     scheduler_cmd: Callable[[Path], list[str]]
     worker_cmd: Callable[[Path, str, bool], list[str]]  # (scheduler file, name, zero)
     supports_zero: bool
+    tasks_run: Callable[[Any], int]  # (client) -> tasks run by all workers so far
 
     def version(self) -> str:
         try:
@@ -196,6 +197,9 @@ SYSTEMS: dict[str, System] = {
             *(["--zero"] if zero else []),
         ],
         supports_zero=True,
+        tasks_run=lambda client: sum(
+            w.get("tasks_run", 0) for w in client.scheduler_info()["workers"].values()
+        ),
     ),
     "dask": System(
         name="dask",
@@ -211,6 +215,7 @@ SYSTEMS: dict[str, System] = {
             "--no-nanny", "--no-dashboard",
         ],
         supports_zero=False,
+        tasks_run=lambda client: sum(client.run(dask_executed_count).values()),
     ),
 }
 
@@ -324,7 +329,9 @@ class Cluster:
         map_kwargs = {}
         if "pure" in inspect.signature(self.client.map).parameters:
             map_kwargs["pure"] = False  # unique keys, no tokenising: same as submit(pure=False)
-        self.api = Api(wait=mod.wait, map_kwargs=map_kwargs, check=not self.zero)
+        self.api = Api(
+            wait=mod.wait, map_kwargs=map_kwargs, check=not self.zero, scheduler_pid=pid
+        )
         self._wait_workers(deadline)
 
     def _named_procs(self) -> list[tuple[str, str, subprocess.Popen]]:
@@ -390,6 +397,10 @@ class Cluster:
 
     def call(self, fn: Callable[[], Any], timeout: float) -> Any:
         return self.thread.call(fn, timeout)
+
+    def tasks_run(self, timeout: float = 60.0) -> int:
+        """Tasks run by all workers so far (as the system counts them)."""
+        return self.thread.call(lambda: self.system.tasks_run(self.client), timeout)
 
     def cpu_snapshot(self) -> tuple[CpuSnapshot, CpuSnapshot]:
         """(scheduler, workers) CPU snapshots."""

@@ -7,6 +7,16 @@ import sys
 from pathlib import Path
 
 
+def path_task(path):
+    """The task of the ``partial_path`` workloads.
+
+    Defined here, in the script run as ``__main__``, on purpose: neither system can
+    import it on a worker, so both must pickle it by value (cloudpickle), as with a
+    function defined in a user's script or notebook (distributed#8767).
+    """
+    return path.name
+
+
 def _main() -> int:
     # Make ``benchmarks`` importable as a package (the workers import the task
     # functions from ``benchmarks.workloads``; they get the same root on PYTHONPATH).

@@ -11,6 +11,7 @@ workers, ``validate=True``): graphs stay small.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
@@ -29,6 +30,7 @@ import pytest
 from dask._task_spec import Alias, Task, TaskRef
 from dask.utils import apply
 from dask_tasks import (
+    UnpickleCounter,
     counted_double,
     counted_inc,
     flaky,
@@ -256,6 +258,8 @@ def test_compute_runs_on_workers(client: Client, cluster: LocalCluster) -> None:
     assert os.getpid() not in pids
 
 
+# Dask warns that mixing expression- and graph-backed collections materialises them.
+@pytest.mark.filterwarnings("ignore:Computing mixed collections:UserWarning")
 def test_dask_compute_several_collections(client: Client) -> None:
     colls = (
         ARRAY_CASES["matmul"](),
@@ -329,8 +333,6 @@ def test_client_get_plain_graph(client: Client) -> None:
 
 # ------------------------------------------------------------------------ 2. default scheduler
 
-_SENTINEL = object()
-
 
 def test_config_set_scheduler_with_non_default_client(cluster: LocalCluster) -> None:
     before = dask.config.get("scheduler", None)
@@ -342,7 +344,10 @@ def test_config_set_scheduler_with_non_default_client(cluster: LocalCluster) -> 
         with dask.config.set(scheduler=c.get):
             n0 = tasks_run(c)
             assert_same(x.compute(), expected)
-            assert_same(dask.compute(BAG_CASES["foldby"]())[0], BAG_CASES["foldby"]().compute(scheduler="sync"))
+            assert_same(
+                dask.compute(BAG_CASES["foldby"]())[0],
+                BAG_CASES["foldby"]().compute(scheduler="sync"),
+            )
             assert tasks_run(c) > n0
         assert dask.config.get("scheduler", None) == before
         # the scheduler= keyword of compute takes client.get too
@@ -366,6 +371,12 @@ def test_closing_default_client_restores_previous(cluster: LocalCluster) -> None
             assert da.ones(4, chunks=2).sum().compute() == 4
         assert dask.config.get("scheduler") == "sync"
     assert dask.config.get("scheduler", None) is None
+    # a setting the user made while the client was open is left alone at close
+    with dask.config.set(scheduler="sync"):
+        with Client(cluster, timeout=30):
+            dask.config.set(scheduler="threads")
+        assert dask.config.get("scheduler") == "threads"
+    assert dask.config.get("scheduler", None) is None
 
 
 def test_two_clients_newest_is_default(cluster: LocalCluster) -> None:
@@ -376,13 +387,10 @@ def test_two_clients_newest_is_default(cluster: LocalCluster) -> None:
         assert dask.config.get("scheduler") == c1.get
         c2 = Client(cluster, timeout=30)
         assert dask.config.get("scheduler") == c2.get
-        n1, n2 = tasks_run(c1), tasks_run(c2)
         assert dask.delayed(inc)(1).compute() == 2
         c2.close()
         assert dask.config.get("scheduler") == c1.get
-        assert dask.delayed(inc)(2).compute() == 3  # through c1, c2 being closed
-        assert tasks_run(c1) >= n1 + 2
-        del n2
+        assert dask.delayed(inc)(2).compute() == 3  # through c1: c2 is closed
         c1.close()
         assert dask.config.get("scheduler", None) == previous
         # the other order: the older closes first, the newer stays the default
@@ -393,6 +401,14 @@ def test_two_clients_newest_is_default(cluster: LocalCluster) -> None:
         assert dask.delayed(inc)(3).compute() == 4
         c2.close()
         assert dask.config.get("scheduler", None) == previous
+        # a client with set_as_default=False does not take over
+        c1 = Client(cluster, timeout=30)
+        c2 = Client(cluster, timeout=30, set_as_default=False)
+        assert dask.config.get("scheduler") == c1.get
+        c2.close()
+        assert dask.config.get("scheduler") == c1.get
+        c1.close()
+        assert dask.config.get("scheduler", None) == previous
     finally:
         c1.close()
         if c2 is not None:
@@ -402,9 +418,14 @@ def test_two_clients_newest_is_default(cluster: LocalCluster) -> None:
 # ------------------------------------------------------------------------ 3. persist
 
 
-def test_persist_then_compute_reuses_chunks(client: Client, tmp_path: Path) -> None:
+def test_persist_then_compute_reuses_chunks(
+    client: Client, cluster: LocalCluster, tmp_path: Path
+) -> None:
     log = str(tmp_path / "calls")
-    x = da.from_array(np.arange(40.0), chunks=10).map_blocks(counted_double, log, dtype=float)
+    # meta= so that Dask does not call the function here to guess the output type
+    x = da.from_array(np.arange(40.0), chunks=10).map_blocks(
+        counted_double, log, dtype=float, meta=np.array((), dtype=float)
+    )
     assert x.npartitions == 4
     (y,) = [client.persist(x)]
     assert isinstance(y, da.Array) and y.chunks == x.chunks
@@ -426,6 +447,8 @@ def test_persist_then_compute_reuses_chunks(client: Client, tmp_path: Path) -> N
     assert b2.compute() == list(range(1, 7))
     assert d2.compute() == 101
     assert len(read_lines(log)) == 4 + 1 + 6 + 1, read_lines(log)
+    pids = {int(line.split()[0]) for line in read_lines(log)}
+    assert pids <= set(cluster.worker_pids), (pids, cluster.worker_pids)
 
 
 def test_persist_returns_at_once(client: Client, stop_file: Path) -> None:
@@ -459,17 +482,20 @@ def test_futures_inside_later_graphs(client: Client) -> None:
     assert (dask.delayed(f) + 1).compute() == 3
     # client.get with a graph that refers to a future by key
     assert client.get({"z": (add, f, g)}, "z") == 32
-    assert client.get({"z": (add, f.key, 1)}, "z") == 3  # a held key by name
+    # a held key by reference (a plain string stays a string in a legacy task, as in Dask)
+    assert client.get({"z": Task("z", add, TaskRef(f.key), 1)}, "z") == 3
+    assert client.get({"z": Alias("z", g.key)}, "z") == 30
+    assert client.get({"z": (add, f.key, "!")}, "z") == f.key + "!"
     # dask arrays from futures
     parts = [client.submit(np.arange, i * 5, (i + 1) * 5) for i in range(4)]
-    arr = da.concatenate(
-        [da.from_delayed(dask.delayed(p), shape=(5,), dtype=int) for p in parts]
-    )
+    arr = da.concatenate([da.from_delayed(dask.delayed(p), shape=(5,), dtype=int) for p in parts])
     assert_same(arr.compute(), np.arange(20))
     assert_same((arr * 2).sum().compute(), np.int64(2 * sum(range(20))))
     assert_same(client.compute(arr[3:17]).result(timeout=60), np.arange(3, 17))
     m = client.submit(np.ones, (4, 4))
-    assert_same(da.from_delayed(m, shape=(4, 4), dtype=float).sum(axis=0).compute(), np.full(4, 4.0))
+    assert_same(
+        da.from_delayed(m, shape=(4, 4), dtype=float).sum(axis=0).compute(), np.full(4, 4.0)
+    )
 
 
 # ------------------------------------------------------------------------ 5. annotations
@@ -511,23 +537,31 @@ def one_thread_cluster() -> Any:
 
 def _run_blocked(client: Client, tmp_path: Path, name: str, submit: Any) -> list[str]:
     """Hold the only thread with a task, let ``submit(log)`` queue tasks behind it,
-    release; the order in which the queued tasks ran."""
+    release; the order in which the queued tasks ran.
+
+    A worker may hold one task more than it has threads (as Dask's worker-saturation
+    allows): a second blocked task, submitted on its own, takes that slot, so that
+    everything ``submit`` sends waits in the scheduler's queue."""
     log = str(tmp_path / f"{name}.log")
     stop = str(tmp_path / f"{name}.stop")
     try:
         blocker = client.compute(dask.delayed(record_then_wait)(log, "blocker", stop))
         wait_for_line(log, "blocker")
+        filler = client.compute(dask.delayed(record_then_wait)(log, "filler", stop))
+        time.sleep(0.2)  # the filler reaches the worker before the rest is submitted
         futures = submit(log)
         time.sleep(0.2)  # let the scheduler take them all in before the thread frees
+        assert read_lines(log) == ["blocker"]
     finally:
         Path(stop).touch()
     assert blocker.result(timeout=60) == "blocker"
+    assert filler.result(timeout=60) == "filler"
     shoal.wait(futures, timeout=60)
     for f in futures:
         f.result(timeout=10)
     lines = read_lines(log)
     assert lines[0] == "blocker"
-    return lines[1:]
+    return [line for line in lines[1:] if line != "filler"]
 
 
 def test_priorities(one_thread_cluster: LocalCluster, tmp_path: Path) -> None:
@@ -603,6 +637,49 @@ def test_task_error_reraises_original_type(client: Client) -> None:
     assert dask.delayed(inc)(1).compute() == 2
 
 
+def test_compute_again_after_cancel_and_release(client: Client, stop_file: Path) -> None:
+    slow = dask.delayed(wait_for_file)(str(stop_file))
+    f = client.compute(slow)
+    client.cancel(f)
+    assert f.cancelled()
+    del f  # the cancelled future is gone: computing the collection again starts afresh
+    stop_file.touch()
+    assert client.compute(slow).result(timeout=60) == "released"
+    assert slow.compute() == "released"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="shoal bug: Client.cancel leaves the cancelled FutureState in client._states, "
+    "and _hold hands it to every later future of the same key, which is born cancelled "
+    "(Dask distributed pops the state on cancel)",
+)
+def test_compute_again_after_cancel(client: Client, stop_file: Path) -> None:
+    slow = dask.delayed(wait_for_file)(str(stop_file))
+    f = client.compute(slow)
+    client.cancel(f)
+    assert f.cancelled()
+    stop_file.touch()
+    g = client.compute(slow)  # the same collection, so the same keys
+    assert g.result(timeout=60) == "released"
+    assert f.cancelled()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="shoal bug: a float key (valid in Dask) is sent as is; the scheduler refuses "
+    "the frame and drops the connection, and the client, not expecting Refused, closes: "
+    "every future of the client is cancelled",
+)
+def test_float_key_does_not_kill_the_client(client: Client) -> None:
+    dsk = {1.5: 1, "b": (inc, 1.5)}
+    assert dask.get(dsk, "b") == 2  # a valid Dask graph
+    with contextlib.suppress(TypeError, ValueError):  # a clear error at submission will do
+        assert client.get(dsk, "b") == 2
+    assert client.status == "running"
+    assert client.submit(inc, 41).result(timeout=30) == 42
+
+
 # ------------------------------------------------------------------------ 7. the function table
 
 
@@ -629,9 +706,24 @@ class WireCounter:
         return b"".join(self.chunks).count(needle)
 
 
+@pytest.fixture(scope="module")
+def fast_cluster() -> Any:
+    """Like ``cluster`` but without ``validate=True``: checking every invariant after
+    every batch is O(tasks), too slow for 20,000 tasks."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as c:
+        yield c
+
+
 @pytest.fixture
-def wire(client: Client) -> Any:
-    conn = client._conn
+def fast_client(fast_cluster: LocalCluster) -> Any:
+    with Client(fast_cluster, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def wire(fast_client: Client) -> Any:
+    """Every byte ``fast_client`` sends to the scheduler."""
+    conn = fast_client._conn
     assert conn is not None and conn.transport is not None
     original = conn.transport
     counter = WireCounter(original)
@@ -651,53 +743,63 @@ def _sent_once(client: Client, wire: WireCounter, func: Any, marker: bytes) -> N
     assert wire.count(marker) == 1, f"the function's body went out {wire.count(marker)} times"
 
 
-def test_function_sent_once_map(client: Client, wire: WireCounter) -> None:
+def test_function_sent_once_map(
+    fast_client: Client, fast_cluster: LocalCluster, wire: WireCounter, tmp_path: Path
+) -> None:
+    loads = UnpickleCounter(str(tmp_path / "loads"))
+
     def shifted(x):
+        assert loads is not None  # loading the function loads ``loads``: one line
         return (x, "marker-map-5c1e")[0] + 3
 
-    n_before = len(client._functions.bytes)
-    futs = client.map(shifted, range(20_000))
-    assert len(client._functions.bytes) == n_before + 1
-    total = client.submit(sum, futs)
+    n_before = len(fast_client._functions.bytes)
+    futs = fast_client.map(shifted, range(20_000))
+    assert len(fast_client._functions.bytes) == n_before + 1
+    total = fast_client.submit(sum, futs)
     assert total.result(timeout=90) == sum(range(20_000)) + 3 * 20_000
     assert futs[0].result(timeout=10) == 3
-    _sent_once(client, wire, shifted, b"marker-map-5c1e")
+    _sent_once(fast_client, wire, shifted, b"marker-map-5c1e")
+    # deserialised once per worker (both ran some), never by the scheduler or here
+    pids = [int(p) for p in read_lines(loads.path)]
+    assert sorted(pids) == sorted(fast_cluster.worker_pids), pids
 
 
-def test_function_sent_once_partials(client: Client, wire: WireCounter, tmp_path: Path) -> None:
+def test_function_sent_once_partials(
+    fast_client: Client, wire: WireCounter, tmp_path: Path
+) -> None:
     def path_len(path, i):
         return len(str(path)) + i + len("marker-partial-9d2b") * 0
 
-    n_before = len(client._functions.bytes)
+    n_before = len(fast_client._functions.bytes)
     futs = [
-        client.submit(functools.partial(path_len, pathlib.Path(tmp_path, f"f{i}")), i)
+        fast_client.submit(functools.partial(path_len, pathlib.Path(tmp_path, f"f{i}")), i)
         for i in range(20_000)
     ]
     # one table entry for the function; the partials' arguments travel with the tasks
-    assert len(client._functions.bytes) == n_before + 1
+    assert len(fast_client._functions.bytes) == n_before + 1
     assert len({f.key for f in futs}) == 20_000
-    total = client.submit(sum, futs)
+    total = fast_client.submit(sum, futs)
     base = len(str(tmp_path))
     expected = sum(base + len(f"/f{i}") + i for i in range(20_000))
     assert total.result(timeout=90) == expected
-    _sent_once(client, wire, path_len, b"marker-partial-9d2b")
+    _sent_once(fast_client, wire, path_len, b"marker-partial-9d2b")
 
 
-def test_function_sent_once_dask_graphs(client: Client, wire: WireCounter) -> None:
+def test_function_sent_once_dask_graphs(fast_client: Client, wire: WireCounter) -> None:
     tag = lambda x: (x, "marker-lambda-77aa")[0] * 2  # noqa: E731
-    n_before = len(client._functions.bytes)
+    n_before = len(fast_client._functions.bytes)
     bag = db.from_sequence(range(3000), npartitions=30).map(tag).filter(lambda x: x % 3 == 0)
     expected = [x * 2 for x in range(3000) if (x * 2) % 3 == 0]
     assert bag.compute() == expected
     # many delayed tasks with the same function, and again in a later graph
     outs = dask.compute(*[dask.delayed(tag)(i) for i in range(500)])
     assert list(outs) == [2 * i for i in range(500)]
-    outs = client.compute([dask.delayed(tag)(i) for i in range(500, 800)], sync=True)
+    outs = fast_client.compute([dask.delayed(tag)(i) for i in range(500, 800)], sync=True)
     assert outs == [2 * i for i in range(500, 800)]
     # an array graph using the same function in every block
     arr = da.arange(200, chunks=10).map_blocks(tag, dtype=int)
     assert_same(arr.compute(), np.arange(200) * 2)
     # functions registered: the lambda, the filter's lambda and Dask's own by-value
     # helpers, if any: never one per task
-    assert len(client._functions.bytes) - n_before < 10
-    _sent_once(client, wire, tag, b"marker-lambda-77aa")
+    assert len(fast_client._functions.bytes) - n_before < 40
+    _sent_once(fast_client, wire, tag, b"marker-lambda-77aa")

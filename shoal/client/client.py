@@ -31,7 +31,7 @@ from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import connect
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
-from shoal.protocol.messages import Key
+from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import (
     FunctionTable,
     SerializationError,
@@ -271,7 +271,9 @@ class Client:
         with self._refs_lock:
             self._refs[key] = self._refs.get(key, 0) + 1
             st = self._states.get(key)
-            if st is None:
+            if st is None or (st.status == "cancelled" and state is None):
+                # A cancelled key submitted again starts afresh; futures of the old
+                # submission keep their cancelled state.
                 st = self._states[key] = state or FutureState(key)
             return st
 
@@ -307,6 +309,8 @@ class Client:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:
                     st.cancel(msg.reason)  # type: ignore[attr-defined]
+            elif t is m.Refused:  # the scheduler is closing this connection: say why
+                raise ProtocolError(f"the scheduler refused a message: {msg.reason}")  # type: ignore[attr-defined]
             else:
                 raise ProtocolError(f"the scheduler may not send {t.__name__} to a client")
 
@@ -394,7 +398,9 @@ class Client:
             func = func.func
         fid = self._functions.register(func)
         payload, deps, funcs = dumps_task_args(args, kwargs, self._ref_types, self._functions)
-        if key is None:
+        if key is not None:
+            check_key(key)
+        else:
             prefix = name or _funcname(func)
             if pure:
                 h = hashlib.blake2b(payload.data, digest_size=12, key=fid.encode()[:64])

@@ -25,7 +25,7 @@ from typing import Any
 
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
-from shoal.protocol.messages import Key
+from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import FunctionTable, TableFunction, dumps_task_args
 
 ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers")
@@ -192,6 +192,7 @@ class GraphEncoder:
         priority: int = 0,
         retries: int = 0,
     ) -> m.TaskSpec:
+        check_key(key)
         if isinstance(node, self._alias):
             func: Any = identity
             args: tuple = (Dep(node.target),)

@@ -22,7 +22,30 @@ _KeyAtom = None | bool | int | float | str
 _KeyTuple3 = tuple[_KeyAtom, ...]
 _KeyTuple2 = tuple[_KeyAtom | _KeyTuple3, ...]
 _KeyTuple1 = tuple[_KeyAtom | _KeyTuple2, ...]
-Key = str | int | _KeyTuple1
+Key = str | int | float | _KeyTuple1  # Dask's keys: str, int, float, or tuples of them
+_KEY_ATOMS = (type(None), bool, int, float, str)
+
+
+def check_key(key: object) -> None:
+    """Raise TypeError, naming the key, for one the wire cannot carry as a key."""
+    if type(key) in (str, int, float):
+        return
+    if type(key) is tuple and _tuple_key(key, 3):
+        return
+    raise TypeError(
+        f"invalid key {key!r}: a key is a str, int or float, or a tuple of those "
+        "(nested at most 3 deep)"
+    )
+
+
+def _tuple_key(key: tuple, depth: int) -> bool:
+    for x in key:
+        if type(x) is tuple:
+            if depth == 1 or not _tuple_key(x, depth - 1):
+                return False
+        elif not isinstance(x, _KEY_ATOMS):
+            return False
+    return True
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):

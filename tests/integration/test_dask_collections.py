@@ -11,7 +11,6 @@ workers, ``validate=True``): graphs stay small.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import pathlib
@@ -648,12 +647,6 @@ def test_compute_again_after_cancel_and_release(client: Client, stop_file: Path)
     assert slow.compute() == "released"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shoal bug: Client.cancel leaves the cancelled FutureState in client._states, "
-    "and _hold hands it to every later future of the same key, which is born cancelled "
-    "(Dask distributed pops the state on cancel)",
-)
 def test_compute_again_after_cancel(client: Client, stop_file: Path) -> None:
     slow = dask.delayed(wait_for_file)(str(stop_file))
     f = client.compute(slow)
@@ -665,17 +658,15 @@ def test_compute_again_after_cancel(client: Client, stop_file: Path) -> None:
     assert f.cancelled()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shoal bug: a float key (valid in Dask) is sent as is; the scheduler refuses "
-    "the frame and drops the connection, and the client, not expecting Refused, closes: "
-    "every future of the client is cancelled",
-)
 def test_float_key_does_not_kill_the_client(client: Client) -> None:
     dsk = {1.5: 1, "b": (inc, 1.5)}
     assert dask.get(dsk, "b") == 2  # a valid Dask graph
-    with contextlib.suppress(TypeError, ValueError):  # a clear error at submission will do
-        assert client.get(dsk, "b") == 2
+    assert client.get(dsk, "b") == 2
+    # A key no Dask graph may have is refused at submission, naming it.
+    with pytest.raises(TypeError, match="invalid key b'bk'"):
+        client.submit(inc, 1, key=b"bk")
+    with pytest.raises(TypeError, match="invalid key"):
+        client.get({("x", frozenset({1})): 1}, ("x", frozenset({1})))
     assert client.status == "running"
     assert client.submit(inc, 41).result(timeout=30) == 42
 

@@ -256,7 +256,6 @@ def test_keys_in_lists_and_nested_structs_keep_types():
     [
         ["a", {"not": "hashable"}],  # a map inside a tuple key
         ["a", ["b", ["c", ["d", 1]]]],  # nested deeper than keys may be
-        1.5,  # a bare float is not a key
         None,
         b"bytes",
     ],
@@ -265,6 +264,16 @@ def test_keys_in_lists_and_nested_structs_keep_types():
 def test_invalid_key_is_refused(bad_key):
     with pytest.raises(ProtocolError):
         decode_raw([["FreeKeys", [bad_key]]])
+    with pytest.raises(TypeError, match="invalid key"):  # caught before sending, too
+        m.check_key(tuple(bad_key) if isinstance(bad_key, list) else bad_key)
+
+
+@pytest.mark.parametrize("key", [1.5, 2, "s", ("x", 1.5, (2, ("y", None)))], ids=repr)
+def test_dask_keys_are_keys(key):
+    m.check_key(key)
+    [msg] = roundtrip([m.FreeKeys([key])])
+    assert isinstance(msg, m.FreeKeys)
+    assert_same_key(msg.keys[0], key)
 
 
 # --- validation -------------------------------------------------------------------------

@@ -407,7 +407,9 @@ class Client:
                 key = f"{prefix}-{h.hexdigest()}"
             else:
                 key = f"{prefix}-{uuid.uuid4().hex}"
-        return m.TaskSpec(key, fid, payload, deps, group, priority, retries, funcs)
+        return m.TaskSpec(
+            key, fid, payload, deps, group=group, priority=priority, retries=retries, funcs=funcs
+        )
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
         return self._submit_parts(iter((specs,)), keys)

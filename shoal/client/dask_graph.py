@@ -225,10 +225,9 @@ class GraphEncoder:
             fid,
             payload,
             list(dict.fromkeys(deps)),
-            "",
-            priority,
-            retries,
-            list(dict.fromkeys(funcs)),
+            priority=priority,
+            retries=retries,
+            funcs=list(dict.fromkeys(funcs)),
         )
 
     def _arg(self, a: Any) -> Any:

@@ -11,9 +11,13 @@ User data never appears here as Python objects: it travels as :class:`Payload`
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: task restrictions and worker resources. An older peer would silently drop the new
+# trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
+PROTOCOL_VERSION = 2
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -23,6 +27,9 @@ _KeyTuple3 = tuple[_KeyAtom, ...]
 _KeyTuple2 = tuple[_KeyAtom | _KeyTuple3, ...]
 _KeyTuple1 = tuple[_KeyAtom | _KeyTuple2, ...]
 Key = str | int | _KeyTuple1
+
+# An amount of a resource ("GPU": 1, "MEM": 10e9): decoding refuses negatives and NaN.
+Amount = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
@@ -52,6 +59,7 @@ class Hello(Message):
     memory_limit: int = 0
     pid: int = 0
     subscribe: bool = True
+    resources: dict[str, Amount] = {}  # a worker's totals, e.g. {"GPU": 2}
 
 
 class Welcome(Message):
@@ -69,6 +77,14 @@ class Refused(Message):
 # --- client -> scheduler ---------------------------------------------------------
 
 
+class TaskRestrictions(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    """Where a task may run: ``Client.submit(workers=, allow_other_workers=, resources=)``."""
+
+    workers: list[str] = []  # worker addresses, names or hosts; empty: any worker
+    allow_other_workers: bool = False  # ``workers`` is a preference, not a requirement
+    resources: dict[str, Amount] = {}  # held on the worker while the task runs
+
+
 class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     key: Key
     func: str  # function table id; "" for a task that only holds data
@@ -77,6 +93,10 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     group: str = ""  # TaskGroup name; derived from the key when empty
     priority: int = 0  # user priority: higher runs first
     retries: int = 0
+    # One optional field rather than three: msgspec writes every field of an array-like
+    # struct, defaults too (omit_defaults only trims maps), so this costs an unrestricted
+    # task one byte (nil) instead of three.
+    restrictions: TaskRestrictions | None = None
 
 
 class SubmitTasks(Message):
@@ -159,6 +179,7 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     processing: int
     nbytes: int
     tasks_run: int
+    resources: dict[str, float] = {}
 
 
 class InfoReply(Message):
@@ -191,6 +212,7 @@ class ComputeTask(Message):
     priority: tuple[int, ...]
     deps: list[DepInfo] = []
     stimulus_id: str = ""
+    resources: dict[str, Amount] = {}  # what the task holds while it runs here
 
 
 class FreeKeys(Message):

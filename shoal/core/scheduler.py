@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.core.comm import Comm
+from shoal.core.placement import Placement
 from shoal.core.scheduler_model import (
     ClientRecord,
     TaskGroup,
@@ -33,17 +34,13 @@ from shoal.protocol.serialize import PICKLE
 
 Recs = dict[TaskState, str]
 
-QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
-MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
-BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
-
 
 def error_payload(exc: BaseException) -> Payload:
     """An exception made by the scheduler itself (builtin types only)."""
     return Payload(PICKLE, pickle.dumps(exc, protocol=5))
 
 
-class SchedulerState:
+class SchedulerState(Placement):
     def __init__(self, comm: Comm, validate: bool = False):
         self.comm = comm
         self.validate = validate
@@ -54,9 +51,7 @@ class SchedulerState:
         self.clients: dict[str, ClientRecord] = {}
         self.functions: dict[str, bytes] = {}
         self.log = StoryLog()
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
-        self.nqueued = 0
-        self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
+        self._init_placement()
         self._generation = itertools.count()
         self.transition_counter = 0
         self._table: dict[tuple[str, str], Callable[..., Recs]] = {
@@ -500,33 +495,6 @@ class SchedulerState:
         ts.group.nbytes += ts.nbytes
         ts.prefix.nbytes += ts.nbytes
 
-    def _is_free(self, ws: WorkerRecord) -> bool:
-        n = len(ws.processing)
-        if n < ws.min_slots:
-            return True
-        return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
-
-    def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
-        ts.processing_on = ws
-        ws.processing.add(ts)
-        ts.estimate = est = ts.prefix.mean_duration
-        ws.occupancy += est
-        if not self._is_free(ws):
-            self.free_workers.discard(ws)
-
-    def _remove_processing(self, ts: TaskState) -> WorkerRecord | None:
-        ws = ts.processing_on
-        if ws is None:
-            return None
-        ts.processing_on = None
-        ws.processing.discard(ts)
-        ws.occupancy -= ts.estimate
-        if not ws.processing:
-            ws.occupancy = 0.0  # no drift from float sums
-        if ws.address in self.workers and self._is_free(ws):
-            self.free_workers.add(ws)
-        return ws
-
     def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
         if ts.func and ts.func not in ws.known_functions:
             ws.known_functions.add(ts.func)
@@ -540,54 +508,6 @@ class SchedulerState:
             ws.address,
             m.ComputeTask(ts.key, ts.func, ts.payload, ts.priority, deps, stimulus_id),
         )
-
-    def _decide_worker(self, ts: TaskState) -> WorkerRecord | None:
-        """Where the most dependency bytes already are; ties go to the least loaded.
-        Idle workers compete too, paying for the bytes they would have to fetch."""
-        if not self.workers:
-            return None
-        local: dict[WorkerRecord, int] = {}
-        total = 0
-        for dts in ts.dependencies:
-            nbytes = dts.nbytes
-            total += nbytes
-            for ws in dts.who_has:
-                local[ws] = local.get(ws, 0) + nbytes
-        candidates = set(local)
-        candidates.update(self.free_workers)
-        if not candidates:
-            candidates = set(self.workers.values())
-        best = None
-        best_cost: tuple[float, int, str] | None = None
-        for ws in candidates:
-            have = local.get(ws, 0)
-            cost = (
-                (total - have) / BANDWIDTH + ws.occupancy / ws.nthreads,
-                -have,
-                ws.address,
-            )
-            if best_cost is None or cost < best_cost:
-                best, best_cost = ws, cost
-        return best
-
-    def _schedule_queued(self, stimulus_id: str) -> None:
-        """Hand root tasks from the queue to workers with free capacity, best first."""
-        queue = self.queue
-        # One task at a time to the least loaded free worker, so idle threads on other
-        # workers are used before any worker gets its extra slot.
-        free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
-        heapq.heapify(free)
-        while queue and free:
-            _, ts = heapq.heappop(queue)
-            if ts.state != "queued":
-                continue  # released while queued: a stale entry
-            ws = heapq.heappop(free)[2]
-            self.nqueued -= 1
-            self.log.append((ts.key, "queued", "processing", stimulus_id))
-            self.transition_counter += 1
-            self._transition_queued_processing(ts, stimulus_id, ws=ws)
-            if self._is_free(ws):
-                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
 
     def _report_erred(
         self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str

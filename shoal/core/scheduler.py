@@ -10,10 +10,9 @@ returns *recommendations* (other tasks' next states), processed until none remai
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shoal.core.comm import Comm
@@ -33,6 +32,7 @@ from shoal.protocol.messages import Key, Payload
 from shoal.protocol.serialize import PICKLE
 
 Recs = dict[TaskState, str]
+NO_RESOURCES: dict[str, float] = {}  # what an unrestricted ComputeTask carries (never mutated)
 
 
 def error_payload(exc: BaseException) -> Payload:
@@ -102,6 +102,8 @@ class SchedulerState(Placement):
 
     def _done(self, stimulus_id: str) -> None:
         """End of one event: hand queued tasks to free threads, then check."""
+        if self._retry_restricted:
+            self._schedule_restricted(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
         if self.validate:
@@ -110,13 +112,19 @@ class SchedulerState(Placement):
     # ------------------------------------------------------------------ events: membership
 
     def add_worker(
-        self, address: str, name: str, nthreads: int, memory_limit: int, stimulus_id: str
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        memory_limit: int,
+        stimulus_id: str,
+        resources: Mapping[str, float] | None = None,
     ) -> WorkerRecord:
         if address in self.workers:
             raise ValueError(f"a worker at {address} is already registered")
-        ws = WorkerRecord(address, name, nthreads, memory_limit)
+        ws = WorkerRecord(address, name, nthreads, memory_limit, resources)
         self.workers[address] = ws
-        self.free_workers.add(ws)
+        self._index_worker(ws)
         self.log.append(("worker-added", address, stimulus_id))
         # Tasks that could not be placed without workers may go now.
         self._done(stimulus_id)
@@ -126,7 +134,7 @@ class SchedulerState(Placement):
         ws = self.workers.pop(address, None)
         if ws is None:
             return
-        self.free_workers.discard(ws)
+        self._unindex_worker(ws)
         self.log.append(("worker-removed", address, stimulus_id))
         recs: Recs = {}
         for ts in list(ws.processing):
@@ -194,10 +202,14 @@ class SchedulerState(Placement):
                     (-spec.priority, generation, i),
                     spec.retries,
                 )
+                if spec.restrictions is not None:
+                    ts.restrictions = self._restrictions(spec.restrictions)
                 tasks[spec.key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
                 ts.func, ts.payload = spec.func, spec.payload
+                if spec.restrictions is not None:
+                    ts.restrictions = self._restrictions(spec.restrictions)
         recs: Recs = {}
         errs: Recs = {}
         for ts, deps in new:
@@ -446,6 +458,7 @@ class SchedulerState(Placement):
                 len(ws.processing),
                 ws.nbytes,
                 ws.tasks_run,
+                ws.resources,
             )
             for ws in self.workers.values()
         ]
@@ -504,9 +517,11 @@ class SchedulerState(Placement):
             for dts in ts.dependencies
         ]
         assert ts.payload is not None
+        r = ts.restrictions
+        resources = r.resources if r is not None else NO_RESOURCES
         self.comm.send_worker(
             ws.address,
-            m.ComputeTask(ts.key, ts.func, ts.payload, ts.priority, deps, stimulus_id),
+            m.ComputeTask(ts.key, ts.func, ts.payload, ts.priority, deps, stimulus_id, resources),
         )
 
     def _report_erred(
@@ -569,12 +584,13 @@ class SchedulerState(Placement):
         return recs
 
     def _ready_state(self, ts: TaskState) -> str:
+        if ts.restrictions is not None:
+            return "queued"  # placed at the end of the event, in priority order
         return "queued" if not ts.dependencies or not self.workers else "processing"
 
     def _transition_waiting_queued(self, ts: TaskState, stimulus_id: str) -> Recs:
         ts.state = "queued"
-        heapq.heappush(self.queue, (ts.priority, ts))
-        self.nqueued += 1
+        self._enqueue(ts)
         return {}
 
     def _transition_waiting_processing(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -593,6 +609,7 @@ class SchedulerState(Placement):
             ws = self._decide_worker(ts)
             if ws is None:
                 return {}
+        self._dequeue(ts)
         ts.state = "processing"
         self._add_processing(ts, ws)
         self._send_compute(ts, ws, stimulus_id)
@@ -624,7 +641,7 @@ class SchedulerState(Placement):
         return recs
 
     def _transition_queued_released(self, ts: TaskState, stimulus_id: str) -> Recs:
-        self.nqueued -= 1  # its heap entry is now stale and will be skipped
+        self._dequeue(ts)
         return self._transition_waiting_released(ts, stimulus_id)
 
     def _transition_processing_released(self, ts: TaskState, stimulus_id: str) -> Recs:

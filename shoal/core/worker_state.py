@@ -15,12 +15,18 @@ cancelled, since its thread reads them). Without either reason a task is release
 forgotten, or cancelled while an execution or a transfer is still running. A ``released``
 task left after a batch is a stub a local task still depends on (the scheduler will send
 it again or free the dependents).
+
+A task that needs resources (``ComputeTask.resources``) waits in the ``constrained`` heap
+instead of ``ready`` until enough of each is free; it holds them from ``executing`` until
+its thread ends, also when it was cancelled meanwhile (the thread still runs). The
+scheduler never assigns more than the worker has, but it counts a cancelled task's
+resources as free at once, and the threads are pipelined: this is the check that holds.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import msgspec
@@ -31,6 +37,7 @@ from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Message
 
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
 MAX_PIPELINE = 16
+SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
 
 STATES = frozenset(
     {"released", "waiting", "fetch", "flight", "ready", "executing", "memory", "error", "cancelled"}
@@ -140,7 +147,8 @@ class WTask:
         "previous",  # for "cancelled": "executing" or "flight"
         "coming_from",  # for "flight" and a cancelled flight: the peer asked
         "resume",  # a ComputeTask received while the key was in flight
-        "ready_seq",  # identifies the task's live entry in the ready heap
+        "ready_seq",  # identifies the task's live entry in the ready (or constrained) heap
+        "resources",  # what it holds while executing; None: nothing
     )
 
     def __init__(self, key: Key):
@@ -160,6 +168,7 @@ class WTask:
         self.coming_from: str | None = None
         self.resume: ComputeTask | None = None
         self.ready_seq = -1
+        self.resources: dict[str, float] | None = None
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -195,6 +204,7 @@ class WorkerState:
         validate: bool = False,
         transfer_limit: int = 4,
         transfer_bytes_limit: int = 50_000_000,
+        resources: Mapping[str, float] | None = None,
     ):
         self.nthreads = nthreads
         self.address = address
@@ -207,6 +217,9 @@ class WorkerState:
         self._log = self._story.append
         self._out: list[Instruction] = []
         self._ready: list[tuple[tuple[int, ...], int, WTask]] = []  # heap, lazy deletion
+        self._constrained: list[tuple[tuple[int, ...], int, WTask]] = []  # ready, need resources
+        self.total_resources: dict[str, float] = dict(resources or {})
+        self.available_resources = dict(self.total_resources)  # less what executions hold
         self._ready_seq = 0
         self._n_ready = 0
         self._recent_duration = PIPELINE_WINDOW  # until measured: no pipelining
@@ -264,7 +277,7 @@ class WorkerState:
         seq = ts.ready_seq = self._ready_seq
         self._ready_seq = seq + 1
         self._n_ready += 1
-        heap = self._ready
+        heap = self._ready if ts.resources is None else self._constrained
         heapq.heappush(heap, (ts.priority, seq, ts))
         if len(heap) > 2 * self._n_ready + 1024:  # drop stale entries now and then
             heap[:] = [e for e in heap if e[2].state == "ready" and e[2].ready_seq == e[1]]
@@ -298,6 +311,10 @@ class WorkerState:
         self._n_ready -= 1
         ts.state = "executing"
         self._executing.add(ts)
+        if ts.resources is not None:
+            available = self.available_resources
+            for resource, need in ts.resources.items():
+                available[resource] -= need
         self._out.append(Execute(ts.key, sid))
 
     def _transition_ready_released(self, ts: WTask, sid: str) -> None:
@@ -451,6 +468,7 @@ class WorkerState:
             self._transition(ts, "released", sid)
         ts.run_spec = (ev.func, ev.payload)
         ts.priority = ev.priority
+        ts.resources = ev.resources or None
         ts.wanted = True
         if deps:
             self._link(ts, deps, sid)
@@ -513,6 +531,12 @@ class WorkerState:
             start = "forgotten" if ts is None else ts.state
             raise InvalidTransition(ev.key, start, finish, self._story.story(ev.key))
         self._executing.discard(ts)
+        if ts.resources is not None:  # the thread has ended: what it held is free
+            available = self.available_resources
+            for resource, need in ts.resources.items():
+                available[resource] += need
+            if not self._executing:
+                self.available_resources = dict(self.total_resources)  # no drift from sums
         # A moving average of how long tasks take here: it sets how deep to pipeline.
         self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
         if ts.state == "cancelled":
@@ -654,12 +678,26 @@ class WorkerState:
         return self.nthreads * (1 + min(MAX_PIPELINE, int(PIPELINE_WINDOW / max(d, 1e-6))))
 
     def _ensure_computing(self, sid: str) -> None:
-        heap = self._ready
+        """Start the best ready tasks while threads are free. The best task that needs
+        resources starts once they are free; the others start meanwhile (as Dask)."""
+        ready, constrained = self._ready, self._constrained
         limit = self.execution_limit
-        while heap and len(self._executing) < limit:
-            _, seq, ts = heapq.heappop(heap)
-            if ts.state == "ready" and ts.ready_seq == seq:
-                self._transition(ts, "executing", sid)
+        while len(self._executing) < limit:
+            best = _live_top(ready)
+            held = _live_top(constrained)
+            if held is not None and self._fits(held[2]) and (best is None or held < best):
+                heap = constrained
+            elif best is not None:
+                heap = ready
+            else:
+                return
+            self._transition(heapq.heappop(heap)[2], "executing", sid)
+
+    def _fits(self, ts: WTask) -> bool:
+        """Enough of each resource ``ts`` needs is free here now."""
+        available = self.available_resources
+        needs = ts.resources or {}
+        return all(k in available and available[k] >= need - SLACK for k, need in needs.items())
 
     def _ensure_communicating(self, sid: str) -> None:
         needed, in_flight = self._data_needed, self._in_flight
@@ -687,7 +725,10 @@ class WorkerState:
         """Check every invariant; raise InvalidState on the first one broken."""
         tasks, executing = self.tasks, self._executing
         _check(not self._to_release, "releases left pending")
-        live = {seq for _, seq, ts in self._ready if ts.state == "ready"}
+        live, live_constrained = (
+            {seq for _, seq, ts in heap if ts.state == "ready" and ts.ready_seq == seq}
+            for heap in (self._ready, self._constrained)
+        )
         n_ready = n_memory = 0
         for key, ts in tasks.items():
             st, where = ts.state, repr(ts)
@@ -713,7 +754,8 @@ class WorkerState:
                 _check(ts.waiting_for_data, f"{where}: waiting for nothing")
             elif st == "ready":
                 n_ready += 1
-                _check(ts.ready_seq in live, f"{where}: not in the ready heap")
+                heap_live = live if ts.resources is None else live_constrained
+                _check(ts.ready_seq in heap_live, f"{where}: not in its ready heap")
             elif st == "fetch":
                 _check(ts.who_has and ts.dependents, where)
                 for w in ts.who_has:
@@ -743,9 +785,35 @@ class WorkerState:
             _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
         _check(len(self._in_flight) <= self.transfer_limit, "too many transfers")
         # (no upper bound on executions: the limit shrinks when tasks get slower)
-        _check(len(executing) >= self.execution_limit or not self._n_ready, "an idle thread")
+        held = dict.fromkeys(self.total_resources, 0.0)
+        for ts in executing:
+            for resource, need in (ts.resources or {}).items():
+                held[resource] = held.get(resource, 0.0) + need
+        free = self.available_resources
+        for resource, total in self.total_resources.items():
+            _check(abs(free[resource] - (total - held[resource])) < 1e-6, f"{resource} in use")
+        _check(held.keys() == self.total_resources.keys(), f"held {held} undeclared")
+        _check(
+            all(v >= -SLACK for v in free.values()), f"more resources in use than we have: {free}"
+        )
+        entries = [e for e in self._constrained if e[1] in live_constrained]
+        startable = bool(live) or bool(entries and self._fits(min(entries)[2]))
+        _check(len(executing) >= self.execution_limit or not startable, "an idle thread")
         idle = [w for w in self._data_needed if w not in self._in_flight]
         _check(len(self._in_flight) == self.transfer_limit or not idle, f"idle slot: {idle}")
+
+
+def _live_top(
+    heap: list[tuple[tuple[int, ...], int, WTask]],
+) -> tuple[tuple[int, ...], int, WTask] | None:
+    """The best entry of a ready heap whose task is still ready, dropping stale ones."""
+    while heap:
+        entry = heap[0]
+        ts = entry[2]
+        if ts.state == "ready" and ts.ready_seq == entry[1]:
+            return entry
+        heapq.heappop(heap)
+    return None
 
 
 # The one transition table: (start, finish) -> WorkerState._transition_<start>_<finish>

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shoal.core.story import InvalidState, InvalidTransition, StoryLog
+from shoal.core.story import InvalidTransition, StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Message, Payload
 
@@ -184,11 +184,6 @@ def _unindex(index: dict[str, dict[WTask, None]], worker: str, ts: WTask) -> Non
     del tasks[ts]
     if not tasks:
         del index[worker]
-
-
-def _check(ok: Any, what: str) -> None:
-    if not ok:
-        raise InvalidState(what)
 
 
 class WorkerState:
@@ -723,84 +718,9 @@ class WorkerState:
 
     def validate_state(self) -> None:
         """Check every invariant; raise InvalidState on the first one broken."""
-        tasks, executing = self.tasks, self._executing
-        _check(not self._to_release, "releases left pending")
-        live, live_constrained = (
-            {seq for _, seq, ts in heap if ts.state == "ready" and ts.ready_seq == seq}
-            for heap in (self._ready, self._constrained)
-        )
-        n_ready = n_memory = 0
-        for key, ts in tasks.items():
-            st, where = ts.state, repr(ts)
-            _check(ts.key == key and st in STATES, where)
-            for dep in ts.dependencies:
-                _check(tasks.get(dep.key) is dep and ts in dep.dependents, f"{where}: {dep!r}")
-            for dep in ts.dependents:
-                _check(tasks.get(dep.key) is dep and ts in dep.dependencies, f"{where}: {dep!r}")
-            waiting = {d for d in ts.dependencies if d.state != "memory"}
-            _check(ts.waiting_for_data == waiting, f"{where}: waiting_for_data")
-            running = st == "executing" or (st == "cancelled" and ts.previous == "executing")
-            _check(not ts.dependencies or running or st in ("waiting", "ready"), where)
-            _check(running <= (ts in executing) <= (running or st == "memory"), where)
-            for w in ts.who_has:
-                _check(w != self.address and ts in self._has_what.get(w, ()), f"{where}: {w}")
-            _check((key in self.data) == (st == "memory"), f"{where}: data")
-            _check(st == "cancelled" or ts.wanted or ts.dependents, f"{where}: unwanted")
-            _check(st == "cancelled" or ts.previous is None, f"{where}: previous")
-            _check(st in ("flight", "cancelled") or ts.coming_from is None, where)
-            _check(ts.resume is None or (st == "flight" and ts.wanted), f"{where}: resume")
-            _check(st not in ("waiting", "ready") or ts.run_spec is not None, where)
-            if st == "waiting":
-                _check(ts.waiting_for_data, f"{where}: waiting for nothing")
-            elif st == "ready":
-                n_ready += 1
-                heap_live = live if ts.resources is None else live_constrained
-                _check(ts.ready_seq in heap_live, f"{where}: not in its ready heap")
-            elif st == "fetch":
-                _check(ts.who_has and ts.dependents, where)
-                for w in ts.who_has:
-                    _check(ts in self._data_needed.get(w, ()), f"{where}: data_needed")
-            elif st == "flight" or (st == "cancelled" and ts.previous == "flight"):
-                src = ts.coming_from or ""
-                _check(any(t is ts for t in self._in_flight.get(src, ())), f"{where}: flight")
-                _check(st == "cancelled" or ts.dependents or ts.resume is not None, where)
-            elif st == "memory":
-                n_memory += 1
-                _check(not ts.who_has, f"{where}: who_has")
-            elif st == "released":
-                _check(ts.dependents and not ts.wanted and not ts.who_has, f"{where}: stub")
-            elif st == "cancelled":
-                _check(ts.previous in ("executing", "flight"), f"{where}: previous")
-                _check(not ts.dependents and not ts.wanted, f"{where}: needed")
-        _check(n_memory == len(self.data), "data holds keys not in memory")
-        _check(n_ready == self._n_ready, f"ready count {self._n_ready} != {n_ready}")
-        for ts in executing:
-            _check(tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks")
-        for index in (self._has_what, self._data_needed):
-            for w, holders in index.items():
-                _check(holders, f"empty index entry {w}")
-                for ts in holders:
-                    _check(tasks.get(ts.key) is ts and w in ts.who_has, f"{w}: {ts!r}")
-        for w, needed in self._data_needed.items():
-            _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
-        _check(len(self._in_flight) <= self.transfer_limit, "too many transfers")
-        # (no upper bound on executions: the limit shrinks when tasks get slower)
-        held = dict.fromkeys(self.total_resources, 0.0)
-        for ts in executing:
-            for resource, need in (ts.resources or {}).items():
-                held[resource] = held.get(resource, 0.0) + need
-        free = self.available_resources
-        for resource, total in self.total_resources.items():
-            _check(abs(free[resource] - (total - held[resource])) < 1e-6, f"{resource} in use")
-        _check(held.keys() == self.total_resources.keys(), f"held {held} undeclared")
-        _check(
-            all(v >= -SLACK for v in free.values()), f"more resources in use than we have: {free}"
-        )
-        entries = [e for e in self._constrained if e[1] in live_constrained]
-        startable = bool(live) or bool(entries and self._fits(min(entries)[2]))
-        _check(len(executing) >= self.execution_limit or not startable, "an idle thread")
-        idle = [w for w in self._data_needed if w not in self._in_flight]
-        _check(len(self._in_flight) == self.transfer_limit or not idle, f"idle slot: {idle}")
+        from shoal.core.worker_validation import validate_worker_state  # imports this module
+
+        validate_worker_state(self)
 
 
 def _live_top(

@@ -11,7 +11,9 @@ User data never appears here as Python objects: it travels as :class:`Payload`
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import msgspec
 
@@ -30,6 +32,21 @@ Key = str | int | _KeyTuple1
 
 # An amount of a resource ("GPU": 1, "MEM": 10e9): decoding refuses negatives and NaN.
 Amount = Annotated[float, msgspec.Meta(ge=0)]
+
+
+def check_resources(resources: Mapping[Any, Any]) -> dict[str, float]:
+    """``resources`` as the wire carries them (names to amounts), or ValueError saying
+    what is wrong: the side that sends them should fail, not the connection."""
+    out = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a resource needs a name, not {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise ValueError(f"resource {name!r} needs a number, not {amount!r}")
+        if math.isnan(amount) or amount < 0:
+            raise ValueError(f"resource {name!r} cannot be {amount!r}")
+        out[name] = float(amount)
+    return out
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):

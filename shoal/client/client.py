@@ -315,11 +315,19 @@ class Client:
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are
         replaced by their results. ``pure=True`` names the task by its inputs, so the
-        same call twice gives the same key."""
-        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        same call twice gives the same key.
+
+        ``workers``: a worker address, name or host, or a list of them: the task runs
+        only there (it waits if none is connected), or preferably there with
+        ``allow_other_workers=True``. ``resources``: e.g. ``{"GPU": 1}``, held on the
+        worker while the task runs; only workers that declared enough run it, never
+        more such tasks at once than they have."""
+        restrictions = _restrictions(workers, allow_other_workers, resources)
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
-        spec = self._task_spec(func, args, kwargs, key, pure, retries, priority, group="")
+        spec = self._task_spec(
+            func, args, kwargs, key, pure, retries, priority, group="", restrictions=restrictions
+        )
         return self._submit([spec], [spec.key])[0]
 
     def map(
@@ -336,7 +344,7 @@ class Client:
         **kwargs: Any,
     ) -> list[Future]:
         """``submit`` for each element of the iterables, in one message."""
-        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        restrictions = _restrictions(workers, allow_other_workers, resources)
         if not callable(func):
             raise TypeError(f"map needs a callable, got {type(func).__name__}")
         arglists = list(zip(*iterables))
@@ -356,6 +364,7 @@ class Client:
                 priority,
                 group=group,
                 name=name,
+                restrictions=restrictions,
             )
             for i, args in enumerate(arglists)
         ]
@@ -372,6 +381,7 @@ class Client:
         priority: int,
         group: str,
         name: str | None = None,
+        restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
         # A partial is taken apart: its function goes to the table once, its bound
         # arguments travel with the task (a partial per task must not mean a
@@ -389,7 +399,7 @@ class Client:
                 key = f"{prefix}-{h.hexdigest()}"
             else:
                 key = f"{prefix}-{uuid.uuid4().hex}"
-        return m.TaskSpec(key, fid, payload, deps, group, priority, retries)
+        return m.TaskSpec(key, fid, payload, deps, group, priority, retries, restrictions)
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
         if self.status != "running":
@@ -628,6 +638,7 @@ class Client:
                         "processing": w.processing,
                         "nbytes": w.nbytes,
                         "tasks_run": w.tasks_run,
+                        "resources": w.resources,
                     }
                     for w in r.workers
                 },
@@ -657,10 +668,35 @@ def _funcname(func: Any) -> str:
     return "lambda" if name == "<lambda>" else str(name)
 
 
-def _unsupported(**options: Any) -> None:
-    for name, value in options.items():
-        if value not in (None, False):
-            raise NotImplementedError(f"the {name}= option is not supported yet")
+def _restrictions(
+    workers: Any, allow_other_workers: Any, resources: Any
+) -> m.TaskRestrictions | None:
+    """The wire form of submit's placement options (None: run anywhere), checked here so
+    that a mistake fails the call, with Dask's rules, rather than the connection."""
+    if allow_other_workers not in (True, False):
+        raise TypeError(f"allow_other_workers= must be True or False, not {allow_other_workers!r}")
+    if allow_other_workers and workers is None:
+        raise ValueError("allow_other_workers= only makes sense with workers=")
+    names: list[str] = []
+    if workers is not None:
+        # a worker's name may be given as a number: names are strings on the wire
+        items = [workers] if isinstance(workers, str | int) else workers
+        if not isinstance(items, Iterable) or isinstance(items, bytes | dict):
+            raise TypeError(
+                f"workers= takes an address, name or host, or a list of them: {workers!r}"
+            )
+        for w in items:
+            if isinstance(w, bool) or not isinstance(w, str | int):
+                raise TypeError(f"workers= takes addresses, names or hosts, not {w!r}")
+            names.append(str(w))
+        if not names:
+            raise ValueError("workers= names no worker")
+    if resources is not None and not isinstance(resources, dict):
+        raise TypeError(f"resources= takes a dict such as {{'GPU': 1}}, not {resources!r}")
+    amounts = m.check_resources(resources or {})
+    if not names and not amounts:
+        return None
+    return m.TaskRestrictions(names, bool(allow_other_workers), amounts)
 
 
 def _remote_exception(msg: m.KeyErred) -> tuple[BaseException, str]:

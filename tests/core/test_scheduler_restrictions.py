@@ -346,6 +346,13 @@ def corrupt_totals_below_use(sim: Sim) -> None:
     sim.ws(W2).resources["GPU"] = 0.5
 
 
+def corrupt_double_booking(sim: Sim) -> None:
+    ts = sim.ts("g-1")  # queued for the GPU "g-0" holds: start it there all the same
+    sim.s._dequeue(ts)
+    ts.state = "processing"
+    sim.s._add_processing(ts, sim.ws(W2))
+
+
 def corrupt_queue_count(sim: Sim) -> None:
     r = sim.ts("g-1").restrictions
     assert r is not None
@@ -371,6 +378,7 @@ def corrupt_placement(sim: Sim) -> None:
     [
         (corrupt_resource_count, "resources in use on"),
         (corrupt_totals_below_use, "without its resources"),
+        (corrupt_double_booking, "more resources in use on tcp://w2:1 than it has"),
         (corrupt_queue_count, "queue count"),
         (corrupt_room_left_unused, "queued although"),
         (corrupt_placement, "processing on a worker not named"),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_worker_state import ARGS, ME, fail, ok, run, states
 
+from shoal.core.story import InvalidState
 from shoal.core.worker_state import Execute, ExecuteSuccess, WorkerState
 from shoal.protocol.messages import ComputeTask, FreeKeys, Key
 
@@ -106,3 +108,12 @@ def test_a_task_needing_a_resource_this_worker_lacks_never_starts():
     ws = make(1)
     assert executed(run(ws, needs("t", GPU=1))) == []
     assert states(ws) == {"t": "ready"}
+
+
+def test_validate_state_catches_a_corrupted_resource_count():
+    ws = make(2, GPU=1)
+    run(ws, needs("g0", GPU=1), needs("g1", GPU=1))
+    ws.validate_state()
+    ws.available_resources["GPU"] += 1  # as if "g0" held nothing: "g1" could start
+    with pytest.raises(InvalidState, match="GPU in use"):
+        ws.validate_state()

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from shoal.client.loop import run
+from shoal.protocol.messages import check_resources
 
 
 def _setup_logging(level: str) -> None:
@@ -35,6 +36,20 @@ async def _watch_pid(pid: int, stop: Any) -> None:
     while psutil.pid_exists(pid):
         await asyncio.sleep(1.0)
     stop()
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """``"GPU=2,MEM=10e9"`` (the command line's form) -> ``{"GPU": 2.0, "MEM": 1e10}``."""
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, amount = item.partition("=")
+        try:
+            out[name.strip()] = float(amount) if sep else None
+        except ValueError:
+            out[name.strip()] = amount.strip()
+    return check_resources(out)
 
 
 @click.group()
@@ -105,6 +120,11 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option("--zero", is_flag=True, help="Report every task done at once (benchmarks).")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option(
+    "--resources",
+    default="",
+    help='What tasks may ask for, e.g. "GPU=2,MEM=10e9" (Client.submit(resources=...)).',
+)
+@click.option(
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for the scheduler."
 )
 @click.option("--log-level", default="warning", show_default=True)
@@ -118,6 +138,7 @@ def worker(
     memory_limit: int | None,
     zero: bool,
     validate: bool,
+    resources: str,
     timeout: float,
     log_level: str,
 ) -> None:
@@ -131,6 +152,10 @@ def worker(
         address = _read_scheduler_file(scheduler_file, timeout)
     if nthreads < 1:
         raise click.BadParameter(f"must be at least 1, not {nthreads}", param_hint="--nthreads")
+    try:
+        amounts = parse_resources(resources)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--resources") from None
 
     async def serve() -> None:
         w = Worker(
@@ -143,6 +168,7 @@ def worker(
             zero=zero,
             validate=validate,
             owns_process=True,
+            resources=amounts,
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -26,6 +26,7 @@ from shoal.client import collections
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
+from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import connect
@@ -331,11 +332,19 @@ class Client:
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are
         replaced by their results. ``pure=True`` names the task by its inputs, so the
-        same call twice gives the same key."""
-        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        same call twice gives the same key.
+
+        ``workers``: a worker address, name or host, or a list of them: the task runs
+        only there (it waits if none is connected), or preferably there with
+        ``allow_other_workers=True``. ``resources``: e.g. ``{"GPU": 1}``, held on the
+        worker while the task runs; only workers that declared enough run it, never
+        more such tasks at once than they have."""
+        restrictions = task_restrictions(workers, allow_other_workers, resources)
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
-        spec = self._task_spec(func, args, kwargs, key, pure, retries, priority, group="")
+        spec = self._task_spec(
+            func, args, kwargs, key, pure, retries, priority, group="", restrictions=restrictions
+        )
         return self._submit([spec], [spec.key])[0]
 
     def map(
@@ -352,7 +361,7 @@ class Client:
         **kwargs: Any,
     ) -> list[Future]:
         """``submit`` for each element of the iterables, in one message."""
-        _unsupported(workers=workers, resources=resources, allow_other_workers=allow_other_workers)
+        restrictions = task_restrictions(workers, allow_other_workers, resources)
         if not callable(func):
             raise TypeError(f"map needs a callable, got {type(func).__name__}")
         arglists = list(zip(*iterables))
@@ -372,6 +381,7 @@ class Client:
                 priority,
                 group=group,
                 name=name,
+                restrictions=restrictions,
             )
             for i, args in enumerate(arglists)
         ]
@@ -388,6 +398,7 @@ class Client:
         priority: int,
         group: str,
         name: str | None = None,
+        restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
         # A partial is taken apart: its function goes to the table once, its bound
         # arguments travel with the task (a partial per task must not mean a
@@ -408,7 +419,15 @@ class Client:
             else:
                 key = f"{prefix}-{uuid.uuid4().hex}"
         return m.TaskSpec(
-            key, fid, payload, deps, group=group, priority=priority, retries=retries, funcs=funcs
+            key,
+            fid,
+            payload,
+            deps,
+            group=group,
+            priority=priority,
+            retries=retries,
+            funcs=funcs,
+            restrictions=restrictions,
         )
 
     def _submit(self, specs: list[m.TaskSpec], keys: list[Key]) -> list[Future]:
@@ -694,6 +713,7 @@ class Client:
                         "processing": w.processing,
                         "nbytes": w.nbytes,
                         "tasks_run": w.tasks_run,
+                        "resources": w.resources,
                     }
                     for w in r.workers
                 },
@@ -721,12 +741,6 @@ def _future_key(f: Future) -> Key:
 def _funcname(func: Any) -> str:
     name = getattr(func, "__name__", None) or type(func).__name__
     return "lambda" if name == "<lambda>" else str(name)
-
-
-def _unsupported(**options: Any) -> None:
-    for name, value in options.items():
-        if value not in (None, False):
-            raise NotImplementedError(f"the {name}= option is not supported yet")
 
 
 def _remote_exception(msg: m.KeyErred) -> tuple[BaseException, str]:

@@ -19,6 +19,7 @@ from shoal.client.dask_graph import (
     topological,
 )
 from shoal.client.futures import Future
+from shoal.client.restrictions import task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
@@ -54,6 +55,22 @@ def submit_graph(
     priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
     ordered = topological(dsk, priorities)
 
+    placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
+
+    def restrictions(annots: dict[str, Any]) -> m.TaskRestrictions | None:
+        # One check per distinct set of options (a layer's annotations are shared values),
+        # not one per task.
+        workers, resources = annots.get("workers"), annots.get("resources")
+        loose = annots.get("allow_other_workers", False)
+        if workers is None and resources is None and not loose:
+            return None
+        cache_key = (id(workers), loose, id(resources))
+        hit = placements.get(cache_key)
+        if hit is None:
+            made = task_restrictions(workers, loose, resources)
+            hit = placements[cache_key] = ((workers, resources), made)
+        return hit[1]
+
     def parts() -> Iterator[list[m.TaskSpec]]:
         # Encoded part by part while earlier parts are on their way: the scheduler never
         # holds the whole graph twice (as one decoded message and as tasks).
@@ -67,6 +84,7 @@ def submit_graph(
                         dsk[key],
                         priority=int(annots.get("priority", 0)),
                         retries=int(annots.get("retries", 0)),
+                        restrictions=restrictions(annots),
                     )
                 )
             yield part

@@ -191,6 +191,7 @@ class GraphEncoder:
         node: Any,
         priority: int = 0,
         retries: int = 0,
+        restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
         check_key(key)
         if isinstance(node, self._alias):
@@ -228,6 +229,7 @@ class GraphEncoder:
             priority=priority,
             retries=retries,
             funcs=list(dict.fromkeys(funcs)),
+            restrictions=restrictions,
         )
 
     def _arg(self, a: Any) -> Any:

@@ -10,13 +10,13 @@ returns *recommendations* (other tasks' next states), processed until none remai
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shoal.core.comm import Comm
+from shoal.core.placement import Placement
 from shoal.core.scheduler_model import (
     ClientRecord,
     TaskGroup,
@@ -32,10 +32,7 @@ from shoal.protocol.messages import Key, Payload
 from shoal.protocol.serialize import PICKLE
 
 Recs = dict[TaskState, str]
-
-QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
-MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
-BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
+NO_RESOURCES: dict[str, float] = {}  # what an unrestricted ComputeTask carries (never mutated)
 
 
 def _task_functions(spec: m.TaskSpec) -> str | tuple[str, ...]:
@@ -57,7 +54,7 @@ def error_payload(exc: BaseException) -> Payload:
     return Payload(PICKLE, pickle.dumps(exc, protocol=5))
 
 
-class SchedulerState:
+class SchedulerState(Placement):
     def __init__(self, comm: Comm, validate: bool = False):
         self.comm = comm
         self.validate = validate
@@ -68,9 +65,7 @@ class SchedulerState:
         self.clients: dict[str, ClientRecord] = {}
         self.functions: dict[str, bytes] = {}
         self.log = StoryLog()
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
-        self.nqueued = 0
-        self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
+        self._init_placement()
         self._generation = itertools.count()
         self.transition_counter = 0
         self._table: dict[tuple[str, str], Callable[..., Recs]] = {
@@ -121,6 +116,8 @@ class SchedulerState:
 
     def _done(self, stimulus_id: str) -> None:
         """End of one event: hand queued tasks to free threads, then check."""
+        if self._retry_restricted:
+            self._schedule_restricted(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
         if self.validate:
@@ -129,13 +126,19 @@ class SchedulerState:
     # ------------------------------------------------------------------ events: membership
 
     def add_worker(
-        self, address: str, name: str, nthreads: int, memory_limit: int, stimulus_id: str
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        memory_limit: int,
+        stimulus_id: str,
+        resources: Mapping[str, float] | None = None,
     ) -> WorkerRecord:
         if address in self.workers:
             raise ValueError(f"a worker at {address} is already registered")
-        ws = WorkerRecord(address, name, nthreads, memory_limit)
+        ws = WorkerRecord(address, name, nthreads, memory_limit, resources)
         self.workers[address] = ws
-        self.free_workers.add(ws)
+        self._index_worker(ws)
         self.log.append(("worker-added", address, stimulus_id))
         # Tasks that could not be placed without workers may go now.
         self._done(stimulus_id)
@@ -145,7 +148,7 @@ class SchedulerState:
         ws = self.workers.pop(address, None)
         if ws is None:
             return
-        self.free_workers.discard(ws)
+        self._unindex_worker(ws)
         self.log.append(("worker-removed", address, stimulus_id))
         recs: Recs = {}
         for ts in list(ws.processing):
@@ -217,10 +220,14 @@ class SchedulerState:
                     (-spec.priority, generation, i),
                     spec.retries,
                 )
+                if spec.restrictions is not None:
+                    ts.restrictions = self._restrictions(spec.restrictions)
                 tasks[spec.key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
                 ts.func, ts.payload = _task_functions(spec), spec.payload
+                if spec.restrictions is not None:
+                    ts.restrictions = self._restrictions(spec.restrictions)
         recs: Recs = {}
         errs: Recs = {}
         for ts, deps in new:
@@ -480,6 +487,7 @@ class SchedulerState:
                 len(ws.processing),
                 ws.nbytes,
                 ws.tasks_run,
+                ws.resources,
             )
             for ws in self.workers.values()
         ]
@@ -529,33 +537,6 @@ class SchedulerState:
         ts.group.nbytes += ts.nbytes
         ts.prefix.nbytes += ts.nbytes
 
-    def _is_free(self, ws: WorkerRecord) -> bool:
-        n = len(ws.processing)
-        if n < ws.min_slots:
-            return True
-        return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
-
-    def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
-        ts.processing_on = ws
-        ws.processing.add(ts)
-        ts.estimate = est = ts.prefix.mean_duration
-        ws.occupancy += est
-        if not self._is_free(ws):
-            self.free_workers.discard(ws)
-
-    def _remove_processing(self, ts: TaskState) -> WorkerRecord | None:
-        ws = ts.processing_on
-        if ws is None:
-            return None
-        ts.processing_on = None
-        ws.processing.discard(ts)
-        ws.occupancy -= ts.estimate
-        if not ws.processing:
-            ws.occupancy = 0.0  # no drift from float sums
-        if ws.address in self.workers and self._is_free(ws):
-            self.free_workers.add(ws)
-        return ws
-
     def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
         func = ts.func
         if type(func) is str:
@@ -573,58 +554,12 @@ class SchedulerState:
             for dts in ts.dependencies
         ]
         assert ts.payload is not None
+        r = ts.restrictions
+        resources = r.resources if r is not None else NO_RESOURCES
         self.comm.send_worker(
             ws.address,
-            m.ComputeTask(ts.key, func, ts.payload, ts.priority, deps, stimulus_id),
+            m.ComputeTask(ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources),
         )
-
-    def _decide_worker(self, ts: TaskState) -> WorkerRecord | None:
-        """Where the most dependency bytes already are; ties go to the least loaded.
-        Idle workers compete too, paying for the bytes they would have to fetch."""
-        if not self.workers:
-            return None
-        local: dict[WorkerRecord, int] = {}
-        total = 0
-        for dts in ts.dependencies:
-            nbytes = dts.nbytes
-            total += nbytes
-            for ws in dts.who_has:
-                local[ws] = local.get(ws, 0) + nbytes
-        candidates = set(local)
-        candidates.update(self.free_workers)
-        if not candidates:
-            candidates = set(self.workers.values())
-        best = None
-        best_cost: tuple[float, int, str] | None = None
-        for ws in candidates:
-            have = local.get(ws, 0)
-            cost = (
-                (total - have) / BANDWIDTH + ws.occupancy / ws.nthreads,
-                -have,
-                ws.address,
-            )
-            if best_cost is None or cost < best_cost:
-                best, best_cost = ws, cost
-        return best
-
-    def _schedule_queued(self, stimulus_id: str) -> None:
-        """Hand root tasks from the queue to workers with free capacity, best first."""
-        queue = self.queue
-        # One task at a time to the least loaded free worker, so idle threads on other
-        # workers are used before any worker gets its extra slot.
-        free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
-        heapq.heapify(free)
-        while queue and free:
-            _, ts = heapq.heappop(queue)
-            if ts.state != "queued":
-                continue  # released while queued: a stale entry
-            ws = heapq.heappop(free)[2]
-            self.nqueued -= 1
-            self.log.append((ts.key, "queued", "processing", stimulus_id))
-            self.transition_counter += 1
-            self._transition_queued_processing(ts, stimulus_id, ws=ws)
-            if self._is_free(ws):
-                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
 
     def _report_erred(
         self, ts: TaskState, clients: Iterable[ClientRecord], stimulus_id: str
@@ -686,12 +621,13 @@ class SchedulerState:
         return recs
 
     def _ready_state(self, ts: TaskState) -> str:
+        if ts.restrictions is not None:
+            return "queued"  # placed at the end of the event, in priority order
         return "queued" if not ts.dependencies or not self.workers else "processing"
 
     def _transition_waiting_queued(self, ts: TaskState, stimulus_id: str) -> Recs:
         ts.state = "queued"
-        heapq.heappush(self.queue, (ts.priority, ts))
-        self.nqueued += 1
+        self._enqueue(ts)
         return {}
 
     def _transition_waiting_processing(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -710,6 +646,7 @@ class SchedulerState:
             ws = self._decide_worker(ts)
             if ws is None:
                 return {}
+        self._dequeue(ts)
         ts.state = "processing"
         self._add_processing(ts, ws)
         self._send_compute(ts, ws, stimulus_id)
@@ -741,7 +678,7 @@ class SchedulerState:
         return recs
 
     def _transition_queued_released(self, ts: TaskState, stimulus_id: str) -> Recs:
-        self.nqueued -= 1  # its heap entry is now stale and will be skipped
+        self._dequeue(ts)
         return self._transition_waiting_released(ts, stimulus_id)
 
     def _transition_processing_released(self, ts: TaskState, stimulus_id: str) -> Recs:

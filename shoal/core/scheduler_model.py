@@ -7,9 +7,13 @@ every progress or dashboard query reads counters instead of scanning tasks.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from shoal.protocol.messages import Key, Payload
+
+if TYPE_CHECKING:
+    from shoal.core.placement import Restrictions
 
 TASK_STATES = ("released", "waiting", "queued", "processing", "memory", "erred", "forgotten")
 UNKNOWN_DURATION = 0.5  # seconds assumed for a prefix with no measurement yet (as Dask)
@@ -109,12 +113,26 @@ class WorkerRecord:
         "known_functions",
         "tasks_run",
         "min_slots",
+        "aliases",
+        "resources",
+        "used_resources",
     )
 
-    def __init__(self, address: str, name: str, nthreads: int, memory_limit: int):
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        memory_limit: int,
+        resources: Mapping[str, float] | None = None,
+    ):
         self.address = address
         self.name = name or address
         self.host = parse_host(address)  # parsed once, here
+        # What a restriction may call it: address (with or without "tcp://"), name, host.
+        self.aliases = frozenset((address, address.split("://", 1)[-1], self.name, self.host))
+        self.resources: dict[str, float] = dict(resources or {})  # totals, e.g. {"GPU": 2}
+        self.used_resources = dict.fromkeys(self.resources, 0.0)  # held by processing tasks
         self.nthreads = nthreads
         self.memory_limit = memory_limit
         self.processing: set[TaskState] = set()
@@ -161,6 +179,7 @@ class TaskState:
         "traceback",
         "exception_blame",
         "type_name",
+        "restrictions",
     )
 
     def __init__(
@@ -193,6 +212,7 @@ class TaskState:
         self.traceback = ""
         self.exception_blame: TaskState | None = None
         self.type_name = ""
+        self.restrictions: Restrictions | None = None  # shared; None: any worker will do
         group.states["released"] += 1
         group.prefix.states["released"] += 1
         group.alive += 1

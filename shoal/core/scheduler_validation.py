@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shoal.core.placement import SLACK, Restrictions
 from shoal.core.scheduler_model import TaskState
 from shoal.core.story import InvalidState
 
@@ -27,6 +28,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     arriving = {
         ts for cs in state.clients.values() if cs.partial for part in cs.partial for ts in part
     }
+    restricted: dict[Restrictions, list[TaskState]] = {}  # queued tasks by restrictions
     for key, ts in state.tasks.items():
         check(ts.key == key, "task filed under another key", ts)
         st = ts.state
@@ -49,6 +51,15 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             assert ts.processing_on is not None
             check(ts in ts.processing_on.processing, "not in its worker's processing", ts)
             check(ts.processing_on.address in state.workers, "processing on a gone worker", ts)
+            r = ts.restrictions
+            if r is not None:
+                ws = ts.processing_on
+                check(r.capable(ws), "processing on a worker without its resources", ts)
+                check(
+                    r.loose or not r.workers or r.matches(ws),
+                    "processing on a worker not named",
+                    ts,
+                )
         if st in ("processing", "queued"):
             check(all(d.state == "memory" for d in ts.dependencies), "dependency missing", ts)
         if st == "waiting":
@@ -64,7 +75,10 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         if st == "erred":
             check(ts.exception is not None, "no error to report", ts)
         if st == "queued":
-            nqueued += 1
+            if ts.restrictions is None:
+                nqueued += 1
+            else:
+                restricted.setdefault(ts.restrictions, []).append(ts)
         for cs in ts.who_wants:
             check(ts in cs.wants and cs.id in state.clients, "who_wants vs client", ts)
         if st in ("released", "erred") and not ts.dependents:
@@ -74,6 +88,16 @@ def validate_scheduler_state(state: SchedulerState) -> None:
                 ts,
             )
     check(nqueued == state.nqueued, f"queue count {state.nqueued} != {nqueued}")
+    check(set(state.restricted) == set(restricted), "restrictions listed with queued tasks")
+    for r, queued in restricted.items():
+        check(r.nqueued == len(queued), f"queue count {r.nqueued} != {len(queued)} of {r}")
+        entries = {id(t) for _, t in r.queue}
+        for ts in queued:
+            check(id(ts) in entries, "queued task missing from its restrictions' queue", ts)
+        # Placement runs at the end of every event: a task that could go should have.
+        best = min(queued, key=lambda t: t.priority)
+        where = state._decide_worker(best)
+        check(where is None, f"queued although {where!r} may run it", best)
     for name, tg in state.groups.items():
         got = {s: n for s, n in tg.states.items() if n and s != "forgotten"}
         check(got == counts.get(name, {}), f"group {name} counters {got} != {counts.get(name)}")
@@ -91,3 +115,25 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             f"occupancy of {ws.address}",
         )
         check((ws in state.free_workers) == state._is_free(ws), f"free set: {ws.address}")
+        held = dict.fromkeys(ws.resources, 0.0)
+        for ts in ws.processing:
+            if ts.restrictions is not None:
+                for resource, need in ts.restrictions.resources.items():
+                    held[resource] = held.get(resource, 0.0) + need
+        used = ws.used_resources
+        check(
+            used.keys() == held.keys() and all(abs(used[k] - held[k]) < 1e-6 for k in held),
+            f"resources in use on {ws.address}: {used} != {held} held by its tasks",
+        )
+        check(
+            all(used[k] <= total + SLACK for k, total in ws.resources.items()),
+            f"more resources in use on {ws.address} than it has: {used} > {ws.resources}",
+        )
+        for alias in ws.aliases:
+            check(ws in state.by_alias.get(alias, ()), f"alias {alias} of {ws.address}")
+        for resource in ws.resources:
+            check(ws in state.by_resource.get(resource, ()), f"{resource} of {ws.address}")
+    for name, holders in state.by_alias.items():
+        check(all(name in ws.aliases and ws.address in state.workers for ws in holders), name)
+    for resource, holders in state.by_resource.items():
+        check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")

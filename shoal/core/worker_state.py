@@ -15,22 +15,29 @@ cancelled, since its thread reads them). Without either reason a task is release
 forgotten, or cancelled while an execution or a transfer is still running. A ``released``
 task left after a batch is a stub a local task still depends on (the scheduler will send
 it again or free the dependents).
+
+A task that needs resources (``ComputeTask.resources``) waits in the ``constrained`` heap
+instead of ``ready`` until enough of each is free; it holds them from ``executing`` until
+its thread ends, also when it was cancelled meanwhile (the thread still runs). The
+scheduler never assigns more than the worker has, but it counts a cancelled task's
+resources as free at once, and the threads are pipelined: this is the check that holds.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import msgspec
 
-from shoal.core.story import InvalidState, InvalidTransition, StoryLog
+from shoal.core.story import InvalidTransition, StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Message, Payload
 
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
 MAX_PIPELINE = 16
+SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
 
 STATES = frozenset(
     {"released", "waiting", "fetch", "flight", "ready", "executing", "memory", "error", "cancelled"}
@@ -140,7 +147,8 @@ class WTask:
         "previous",  # for "cancelled": "executing" or "flight"
         "coming_from",  # for "flight" and a cancelled flight: the peer asked
         "resume",  # a ComputeTask received while the key was in flight
-        "ready_seq",  # identifies the task's live entry in the ready heap
+        "ready_seq",  # identifies the task's live entry in the ready (or constrained) heap
+        "resources",  # what it holds while executing; None: nothing
     )
 
     def __init__(self, key: Key):
@@ -160,6 +168,7 @@ class WTask:
         self.coming_from: str | None = None
         self.resume: ComputeTask | None = None
         self.ready_seq = -1
+        self.resources: dict[str, float] | None = None
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -177,11 +186,6 @@ def _unindex(index: dict[str, dict[WTask, None]], worker: str, ts: WTask) -> Non
         del index[worker]
 
 
-def _check(ok: Any, what: str) -> None:
-    if not ok:
-        raise InvalidState(what)
-
-
 class WorkerState:
     """The tasks of one worker. See the module docstring."""
 
@@ -195,6 +199,7 @@ class WorkerState:
         validate: bool = False,
         transfer_limit: int = 4,
         transfer_bytes_limit: int = 50_000_000,
+        resources: Mapping[str, float] | None = None,
     ):
         self.nthreads = nthreads
         self.address = address
@@ -207,6 +212,9 @@ class WorkerState:
         self._log = self._story.append
         self._out: list[Instruction] = []
         self._ready: list[tuple[tuple[int, ...], int, WTask]] = []  # heap, lazy deletion
+        self._constrained: list[tuple[tuple[int, ...], int, WTask]] = []  # ready, need resources
+        self.total_resources: dict[str, float] = dict(resources or {})
+        self.available_resources = dict(self.total_resources)  # less what executions hold
         self._ready_seq = 0
         self._n_ready = 0
         self._recent_duration = PIPELINE_WINDOW  # until measured: no pipelining
@@ -264,7 +272,7 @@ class WorkerState:
         seq = ts.ready_seq = self._ready_seq
         self._ready_seq = seq + 1
         self._n_ready += 1
-        heap = self._ready
+        heap = self._ready if ts.resources is None else self._constrained
         heapq.heappush(heap, (ts.priority, seq, ts))
         if len(heap) > 2 * self._n_ready + 1024:  # drop stale entries now and then
             heap[:] = [e for e in heap if e[2].state == "ready" and e[2].ready_seq == e[1]]
@@ -298,6 +306,10 @@ class WorkerState:
         self._n_ready -= 1
         ts.state = "executing"
         self._executing.add(ts)
+        if ts.resources is not None:
+            available = self.available_resources
+            for resource, need in ts.resources.items():
+                available[resource] -= need
         self._out.append(Execute(ts.key, sid))
 
     def _transition_ready_released(self, ts: WTask, sid: str) -> None:
@@ -451,6 +463,7 @@ class WorkerState:
             self._transition(ts, "released", sid)
         ts.run_spec = (ev.func, ev.payload)
         ts.priority = ev.priority
+        ts.resources = ev.resources or None
         ts.wanted = True
         if deps:
             self._link(ts, deps, sid)
@@ -513,6 +526,12 @@ class WorkerState:
             start = "forgotten" if ts is None else ts.state
             raise InvalidTransition(ev.key, start, finish, self._story.story(ev.key))
         self._executing.discard(ts)
+        if ts.resources is not None:  # the thread has ended: what it held is free
+            available = self.available_resources
+            for resource, need in ts.resources.items():
+                available[resource] += need
+            if not self._executing:
+                self.available_resources = dict(self.total_resources)  # no drift from sums
         # A moving average of how long tasks take here: it sets how deep to pipeline.
         self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
         if ts.state == "cancelled":
@@ -654,12 +673,26 @@ class WorkerState:
         return self.nthreads * (1 + min(MAX_PIPELINE, int(PIPELINE_WINDOW / max(d, 1e-6))))
 
     def _ensure_computing(self, sid: str) -> None:
-        heap = self._ready
+        """Start the best ready tasks while threads are free. The best task that needs
+        resources starts once they are free; the others start meanwhile (as Dask)."""
+        ready, constrained = self._ready, self._constrained
         limit = self.execution_limit
-        while heap and len(self._executing) < limit:
-            _, seq, ts = heapq.heappop(heap)
-            if ts.state == "ready" and ts.ready_seq == seq:
-                self._transition(ts, "executing", sid)
+        while len(self._executing) < limit:
+            best = _live_top(ready)
+            held = _live_top(constrained)
+            if held is not None and self._fits(held[2]) and (best is None or held < best):
+                heap = constrained
+            elif best is not None:
+                heap = ready
+            else:
+                return
+            self._transition(heapq.heappop(heap)[2], "executing", sid)
+
+    def _fits(self, ts: WTask) -> bool:
+        """Enough of each resource ``ts`` needs is free here now."""
+        available = self.available_resources
+        needs = ts.resources or {}
+        return all(k in available and available[k] >= need - SLACK for k, need in needs.items())
 
     def _ensure_communicating(self, sid: str) -> None:
         needed, in_flight = self._data_needed, self._in_flight
@@ -685,67 +718,22 @@ class WorkerState:
 
     def validate_state(self) -> None:
         """Check every invariant; raise InvalidState on the first one broken."""
-        tasks, executing = self.tasks, self._executing
-        _check(not self._to_release, "releases left pending")
-        live = {seq for _, seq, ts in self._ready if ts.state == "ready"}
-        n_ready = n_memory = 0
-        for key, ts in tasks.items():
-            st, where = ts.state, repr(ts)
-            _check(ts.key == key and st in STATES, where)
-            for dep in ts.dependencies:
-                _check(tasks.get(dep.key) is dep and ts in dep.dependents, f"{where}: {dep!r}")
-            for dep in ts.dependents:
-                _check(tasks.get(dep.key) is dep and ts in dep.dependencies, f"{where}: {dep!r}")
-            waiting = {d for d in ts.dependencies if d.state != "memory"}
-            _check(ts.waiting_for_data == waiting, f"{where}: waiting_for_data")
-            running = st == "executing" or (st == "cancelled" and ts.previous == "executing")
-            _check(not ts.dependencies or running or st in ("waiting", "ready"), where)
-            _check(running <= (ts in executing) <= (running or st == "memory"), where)
-            for w in ts.who_has:
-                _check(w != self.address and ts in self._has_what.get(w, ()), f"{where}: {w}")
-            _check((key in self.data) == (st == "memory"), f"{where}: data")
-            _check(st == "cancelled" or ts.wanted or ts.dependents, f"{where}: unwanted")
-            _check(st == "cancelled" or ts.previous is None, f"{where}: previous")
-            _check(st in ("flight", "cancelled") or ts.coming_from is None, where)
-            _check(ts.resume is None or (st == "flight" and ts.wanted), f"{where}: resume")
-            _check(st not in ("waiting", "ready") or ts.run_spec is not None, where)
-            if st == "waiting":
-                _check(ts.waiting_for_data, f"{where}: waiting for nothing")
-            elif st == "ready":
-                n_ready += 1
-                _check(ts.ready_seq in live, f"{where}: not in the ready heap")
-            elif st == "fetch":
-                _check(ts.who_has and ts.dependents, where)
-                for w in ts.who_has:
-                    _check(ts in self._data_needed.get(w, ()), f"{where}: data_needed")
-            elif st == "flight" or (st == "cancelled" and ts.previous == "flight"):
-                src = ts.coming_from or ""
-                _check(any(t is ts for t in self._in_flight.get(src, ())), f"{where}: flight")
-                _check(st == "cancelled" or ts.dependents or ts.resume is not None, where)
-            elif st == "memory":
-                n_memory += 1
-                _check(not ts.who_has, f"{where}: who_has")
-            elif st == "released":
-                _check(ts.dependents and not ts.wanted and not ts.who_has, f"{where}: stub")
-            elif st == "cancelled":
-                _check(ts.previous in ("executing", "flight"), f"{where}: previous")
-                _check(not ts.dependents and not ts.wanted, f"{where}: needed")
-        _check(n_memory == len(self.data), "data holds keys not in memory")
-        _check(n_ready == self._n_ready, f"ready count {self._n_ready} != {n_ready}")
-        for ts in executing:
-            _check(tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks")
-        for index in (self._has_what, self._data_needed):
-            for w, holders in index.items():
-                _check(holders, f"empty index entry {w}")
-                for ts in holders:
-                    _check(tasks.get(ts.key) is ts and w in ts.who_has, f"{w}: {ts!r}")
-        for w, needed in self._data_needed.items():
-            _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
-        _check(len(self._in_flight) <= self.transfer_limit, "too many transfers")
-        # (no upper bound on executions: the limit shrinks when tasks get slower)
-        _check(len(executing) >= self.execution_limit or not self._n_ready, "an idle thread")
-        idle = [w for w in self._data_needed if w not in self._in_flight]
-        _check(len(self._in_flight) == self.transfer_limit or not idle, f"idle slot: {idle}")
+        from shoal.core.worker_validation import validate_worker_state  # imports this module
+
+        validate_worker_state(self)
+
+
+def _live_top(
+    heap: list[tuple[tuple[int, ...], int, WTask]],
+) -> tuple[tuple[int, ...], int, WTask] | None:
+    """The best entry of a ready heap whose task is still ready, dropping stale ones."""
+    while heap:
+        entry = heap[0]
+        ts = entry[2]
+        if ts.state == "ready" and ts.ready_seq == entry[1]:
+            return entry
+        heapq.heappop(heap)
+    return None
 
 
 # The one transition table: (start, finish) -> WorkerState._transition_<start>_<finish>

@@ -20,11 +20,13 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
 
 from shoal.client.loop import LoopRunner, run
+from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
@@ -38,6 +40,7 @@ class LocalCluster:
         host: str = "127.0.0.1",
         timeout: float = 60.0,
         validate: bool = False,
+        resources: Mapping[str, float] | None = None,
     ):
         ncores = os.cpu_count() or 1
         if n_workers is None:
@@ -53,6 +56,7 @@ class LocalCluster:
         self.host = host
         self.timeout = timeout
         self.validate = validate
+        self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.scheduler_address = ""
         self.status = "starting"
         self._dir = tempfile.mkdtemp(prefix="shoal-cluster-")
@@ -129,6 +133,7 @@ class LocalCluster:
             "--host",
             self.host,
             *(["--validate"] if self.validate else []),
+            *(["--resources", _format_resources(self.resources)] if self.resources else []),
         )
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
@@ -175,6 +180,7 @@ class LocalCluster:
                     name=str(i),
                     host=self.host,
                     validate=self.validate,
+                    resources=self.resources,
                 )
                 self._workers.append(await w.start())
 
@@ -219,6 +225,11 @@ class LocalCluster:
             f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
             f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
         )
+
+
+def _format_resources(resources: Mapping[str, float]) -> str:
+    """For ``shoal worker --resources`` (see ``shoal.cli.parse_resources``)."""
+    return ",".join(f"{name}={amount!r}" for name, amount in resources.items())
 
 
 def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

@@ -11,9 +11,15 @@ User data never appears here as Python objects: it travels as :class:`Payload`
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any
+
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: task restrictions and worker resources. An older peer would silently drop the new
+# trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
+PROTOCOL_VERSION = 2
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -48,6 +54,25 @@ def _tuple_key(key: tuple, depth: int) -> bool:
     return True
 
 
+# An amount of a resource ("GPU": 1, "MEM": 10e9): decoding refuses negatives and NaN.
+Amount = Annotated[float, msgspec.Meta(ge=0)]
+
+
+def check_resources(resources: Mapping[Any, Any]) -> dict[str, float]:
+    """``resources`` as the wire carries them (names to amounts), or ValueError saying
+    what is wrong: the side that sends them should fail, not the connection."""
+    out = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a resource needs a name, not {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise ValueError(f"resource {name!r} needs a number, not {amount!r}")
+        if math.isnan(amount) or amount < 0:
+            raise ValueError(f"resource {name!r} cannot be {amount!r}")
+        out[name] = float(amount)
+    return out
+
+
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """A serialised user object. ``kind`` is MSGPACK or PICKLE (see serialize.py);
     ``nbuffers`` out-of-band buffers follow in the frame, in message order."""
@@ -75,6 +100,7 @@ class Hello(Message):
     memory_limit: int = 0
     pid: int = 0
     subscribe: bool = True
+    resources: dict[str, Amount] = {}  # a worker's totals, e.g. {"GPU": 2}
 
 
 class Welcome(Message):
@@ -92,6 +118,14 @@ class Refused(Message):
 # --- client -> scheduler ---------------------------------------------------------
 
 
+class TaskRestrictions(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    """Where a task may run: ``Client.submit(workers=, allow_other_workers=, resources=)``."""
+
+    workers: list[str] = []  # worker addresses, names or hosts; empty: any worker
+    allow_other_workers: bool = False  # ``workers`` is a preference, not a requirement
+    resources: dict[str, Amount] = {}  # held on the worker while the task runs
+
+
 class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     key: Key
     func: str  # function table id; "" for a task that only holds data
@@ -101,6 +135,10 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     priority: int = 0  # user priority: higher runs first
     retries: int = 0
     funcs: list[str] = []  # function-table ids used inside the payload (besides ``func``)
+    # One optional field rather than three: msgspec writes every field of an array-like
+    # struct, defaults too (omit_defaults only trims maps), so this costs an unrestricted
+    # task one byte (nil) instead of three.
+    restrictions: TaskRestrictions | None = None
 
 
 class SubmitTasks(Message):
@@ -186,6 +224,7 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     processing: int
     nbytes: int
     tasks_run: int
+    resources: dict[str, float] = {}
 
 
 class InfoReply(Message):
@@ -218,6 +257,7 @@ class ComputeTask(Message):
     priority: tuple[int, ...]
     deps: list[DepInfo] = []
     stimulus_id: str = ""
+    resources: dict[str, Amount] = {}  # what the task holds while it runs here
 
 
 class FreeKeys(Message):

@@ -146,9 +146,16 @@ class Scheduler:
         conn.on_close = on_close
         conn.set_handler(on_frame)
         self.state.add_worker(
-            address, hello.name, hello.nthreads, hello.memory_limit, self._sid("worker-joined")
+            address,
+            hello.name,
+            hello.nthreads,
+            hello.memory_limit,
+            self._sid("worker-joined"),
+            hello.resources,
         )
-        logger.info("worker %s joined (%d threads)", address, hello.nthreads)
+        logger.info(
+            "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources
+        )
 
     def _add_client(self, conn: Connection, hello: m.Hello) -> None:
         client_id = f"client-{next(self._client_ids)}-{hello.name or 'anonymous'}"

@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -37,6 +38,7 @@ from shoal.core.worker_state import (
 )
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, message_buffers
+from shoal.protocol.messages import check_resources
 from shoal.protocol.serialize import (
     FunctionCache,
     SerializationError,
@@ -81,9 +83,11 @@ class Worker:
         zero: bool = False,
         validate: bool = False,
         owns_process: bool = False,
+        resources: Mapping[str, float] | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
+        self.resources = check_resources(resources or {})  # e.g. {"GPU": 2}: tasks may ask
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads
         self.name = name
@@ -117,7 +121,9 @@ class Worker:
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
         self._server, self.address = await listen(self.host, self.port, self._accept_peer)
-        self.state = WorkerState(self.nthreads, self.address, validate=self.validate)
+        self.state = WorkerState(
+            self.nthreads, self.address, validate=self.validate, resources=self.resources
+        )
         hello = m.Hello(
             m.PROTOCOL_VERSION,
             "worker",
@@ -126,6 +132,7 @@ class Worker:
             nthreads=self.nthreads,
             memory_limit=self.memory_limit,
             pid=os.getpid(),
+            resources=self.resources,
         )
         self.scheduler, welcome = await connect(self.scheduler_address, hello)
         self.name = welcome.assigned

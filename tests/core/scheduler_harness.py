@@ -27,6 +27,7 @@ from shoal.protocol.messages import (
     SubmitTasks,
     TaskErred,
     TaskFinished,
+    TaskRestrictions,
     TaskSpec,
     WantKeys,
 )
@@ -62,8 +63,16 @@ class Sim:
 
     # --- membership -----------------------------------------------------------------
 
-    def add_worker(self, address: str, nthreads: int = 1, memory_limit: int = 2**30) -> None:
-        self.s.add_worker(address, address.split("//")[-1], nthreads, memory_limit, "add-w")
+    def add_worker(
+        self,
+        address: str,
+        nthreads: int = 1,
+        memory_limit: int = 2**30,
+        resources: Mapping[str, float] | None = None,
+        name: str | None = None,
+    ) -> None:
+        name = address.split("//")[-1] if name is None else name
+        self.s.add_worker(address, name, nthreads, memory_limit, "add-w", resources)
 
     def remove_worker(self, address: str, sid: str = "remove-w") -> None:
         self.s.remove_worker(address, sid)
@@ -80,12 +89,13 @@ class Sim:
         retries: Mapping[Key, int] | None = None,
         func: Mapping[Key, str] | None = None,
         group: Mapping[Key, str] | None = None,
+        restrictions: Mapping[Key, TaskRestrictions] | None = None,
         functions: Mapping[str, bytes] = FUNCS,
         sid: str = "submit",
     ) -> None:
         """Submit ``{key: [dependencies]}``; by default the client wants every key."""
         priority, retries = priority or {}, retries or {}
-        func, group = func or {}, group or {}
+        func, group, restrictions = func or {}, group or {}, restrictions or {}
         specs = [
             TaskSpec(
                 key,
@@ -95,6 +105,7 @@ class Sim:
                 group.get(key, ""),
                 priority.get(key, 0),
                 retries.get(key, 0),
+                restrictions.get(key),
             )
             for key, deps in dag.items()
         ]

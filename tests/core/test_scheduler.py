@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim, addr, kinds
 
-from shoal.core.scheduler import MAX_PER_THREAD, QUEUE_HORIZON
+from shoal.core.placement import MAX_PER_THREAD, QUEUE_HORIZON
 from shoal.core.scheduler_model import UNKNOWN_DURATION
 from shoal.protocol.messages import (
     ComputeTask,

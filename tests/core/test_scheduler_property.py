@@ -5,6 +5,10 @@ worker (what it was told to run, what it holds) is fed the messages the schedule
 and must agree with the scheduler's view after every step. At the end everything is run
 to completion and every key a client still wants must be in memory or erred, for the
 right reason; once every client lets go, nothing may be left anywhere.
+
+Tasks may carry restrictions (a worker by address, name or host, loose or strict, and
+GPUs): the worker models check that each task runs where it may and that no worker runs
+more GPU tasks at once than it has GPUs.
 """
 
 from __future__ import annotations
@@ -23,10 +27,31 @@ from shoal.protocol.messages import (
     KeyErred,
     KeyInMemory,
     MissingData,
+    TaskRestrictions,
 )
 
 CLIENTS = ("c1", "c2")
 STEPS = ("finish", "finish", "finish", "fail", "add", "remove", "release", "cancel", "copy", "miss")
+# Restrictions a task may draw; workers 1 and 2 are added back at the end if they left,
+# so that every task can run. Worker n has n % 3 GPUs.
+RESTRICTIONS = (
+    None,
+    TaskRestrictions([addr(1)]),
+    TaskRestrictions(["w2"], allow_other_workers=True),  # by host
+    TaskRestrictions(resources={"GPU": 1}),
+    TaskRestrictions(["w2:1"], resources={"GPU": 1}),  # by name
+    TaskRestrictions(resources={"GPU": 2}),
+)
+
+
+def gpus(n: int) -> float:
+    return float(n % 3)
+
+
+def names(address: str) -> set[str]:
+    """What a restriction may call the harness's worker at ``address``."""
+    host = address.split("//")[-1].split(":")[0]
+    return {address, host, f"{host}:1"}
 
 
 @dataclass
@@ -36,6 +61,7 @@ class Scenario:
     workers: list[int]  # nthreads of each worker at the start
     wanted: dict[str, set[int]]
     steps: list[tuple[str, int]]
+    restrict: list[int] = field(default_factory=list)  # index into RESTRICTIONS, per task
 
 
 @st.composite
@@ -49,7 +75,9 @@ def scenarios(draw) -> Scenario:
         "c2": draw(st.sets(st.integers(0, n - 1))),
     }
     steps = draw(st.lists(st.tuples(st.sampled_from(STEPS), st.integers(0, 10**6)), max_size=80))
-    return Scenario(deps, retries, workers, wanted, steps)
+    choices = st.sampled_from([0, 0, 0, *range(1, len(RESTRICTIONS))])
+    restrict = draw(st.lists(choices, min_size=n, max_size=n))
+    return Scenario(deps, retries, workers, wanted, steps, restrict)
 
 
 def key(i: int) -> str:
@@ -61,6 +89,7 @@ class WorkerModel:
     running: set[str] = field(default_factory=set)
     data: set[str] = field(default_factory=set)
     functions: set[str] = field(default_factory=set)
+    gpus: float = 0.0
 
 
 class Run:
@@ -75,6 +104,9 @@ class Run:
         self.failed: set[str] = set()  # failed for good (no retry left), at some point
         self.last_failed: set[str] = set()  # whose latest outcome is such a failure
         self.wants = {c: {self.keys[i] for i in sc.wanted[c]} for c in CLIENTS}
+        self.restrictions = {
+            k: RESTRICTIONS[r] for k, r in zip(self.keys, sc.restrict) if RESTRICTIONS[r]
+        }
         for nthreads in sc.workers:
             self.add_worker(nthreads)
 
@@ -103,12 +135,15 @@ class Run:
                     assert msg.key not in model.running
                     for dep in msg.deps:
                         assert dep.who_has, f"{msg.key} sent with {dep.key} held nowhere"
+                    self.check_placement(msg, address)
                     model.running.add(msg.key)
                 else:
                     assert isinstance(msg, FreeKeys), msg
                     model.running.difference_update(msg.keys)
                     model.data.difference_update(msg.keys)
             assert model.running == self.sim.on(address), address
+            held = sum(self.gpus_needed(k) for k in model.running)
+            assert held <= model.gpus, f"{address} runs {held} GPUs' worth, has {model.gpus}"
             assert model.data == self.sim.holds(address), address
         assert set(self.sim.comm.workers) <= set(self.models)  # nothing to gone workers
         self.sim.comm.workers.clear()
@@ -123,13 +158,34 @@ class Run:
                     blamed = msg.key if msg.blamed is None else msg.blamed
                     assert blamed in self.failed and msg.exception == EXC
 
+    def gpus_needed(self, k: str) -> float:
+        r = self.restrictions.get(k)
+        return r.resources.get("GPU", 0.0) if r is not None else 0.0
+
+    def check_placement(self, msg: ComputeTask, address: str) -> None:
+        r = self.restrictions.get(msg.key)
+        assert msg.resources == (r.resources if r is not None else {})
+        if r is None:
+            return
+        need = self.gpus_needed(msg.key)
+        assert self.models[address].gpus >= need, (msg.key, address)
+        if r.workers and not names(address) & set(r.workers):
+            # only a loose task runs elsewhere, and only while no named worker could
+            assert r.allow_other_workers, (msg.key, address)
+            for other in self.models:
+                if names(other) & set(r.workers):
+                    assert self.models[other].gpus < need, (msg.key, address, other)
+
     # --- steps --------------------------------------------------------------------------
 
-    def add_worker(self, nthreads: int) -> None:
-        self.nworkers += 1
-        address = addr(self.nworkers)
-        self.models[address] = WorkerModel()
-        self.sim.add_worker(address, nthreads)
+    def add_worker(self, nthreads: int, n: int | None = None) -> None:
+        if n is None:
+            self.nworkers += 1
+            n = self.nworkers
+        address = addr(n)
+        self.models[address] = WorkerModel(gpus=gpus(n))
+        resources = {"GPU": gpus(n)} if gpus(n) else None
+        self.sim.add_worker(address, nthreads, resources=resources)
 
     def processing(self) -> list[str]:
         return sorted(self.sim.processing())
@@ -198,6 +254,7 @@ class Run:
                 wanted=sorted(self.wants[c]),
                 client=c,
                 retries={k: self.sc.retries[j] for j, k in enumerate(self.keys)},
+                restrictions=self.restrictions,
                 sid=f"submit-{i}",
             )
             self.sync()
@@ -206,6 +263,10 @@ class Run:
         if not self.models:
             self.add_worker(1)
             self.sync()
+        for n in (1, 2):  # the named workers, and with them GPUs enough for every task
+            if addr(n) not in self.models:
+                self.add_worker(1, n)
+                self.sync()
         for _ in range(10 * len(self.keys) + 10):
             processing = self.processing()
             if not processing:

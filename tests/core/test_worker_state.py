@@ -537,6 +537,7 @@ def test_validate_runs_after_every_handle():
 # --- property test -------------------------------------------------------------------------
 
 PEERS = ["w1", "w2", "w3"]
+GPUS = 2.0  # the worker's resources
 
 
 @st.composite
@@ -562,6 +563,7 @@ def graphs(draw: Any) -> list[dict[str, Any]]:
                 "holds": [w for w in who_has if w != ME and draw(st.integers(0, 3))],
                 "nbytes": draw(st.integers(1, 30)),
                 "prio": (draw(st.integers(0, 3)), i),
+                "gpus": draw(st.sampled_from([0, 0, 1, 2])) if local else 0,
             }
         )
     return tasks
@@ -603,6 +605,8 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
                 assert not single or st in ("forgotten", "released", "fetch", "flight")
     assert len(pending["gather"]) <= ws.transfer_limit
     assert ws.executing_count == len(pending["execute"])
+    # every thread still running holds its GPUs, whatever became of its task
+    assert sum(pending["gpus"][k] for k in pending["execute"]) <= GPUS
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -617,7 +621,12 @@ def test_random_interleavings_keep_the_state_valid(
     graph, data, nthreads, transfer_limit, bytes_limit
 ):
     ws = WorkerState(
-        nthreads, ME, validate=True, transfer_limit=transfer_limit, transfer_bytes_limit=bytes_limit
+        nthreads,
+        ME,
+        validate=True,
+        transfer_limit=transfer_limit,
+        transfer_bytes_limit=bytes_limit,
+        resources={"GPU": GPUS},
     )
     by_key = {t["key"]: t for t in graph}
     pending: dict[str, Any] = {
@@ -626,12 +635,14 @@ def test_random_interleavings_keep_the_state_valid(
         "wanted": set(),
         "asked": set(),
         "last_ask": {},
+        "gpus": {t["key"]: t["gpus"] for t in graph},
     }
 
     def compute_msg(t: dict[str, Any], sid: str) -> ComputeTask:
         deps = [by_key[f"t{d}"] for d in t["deps"]]
         infos = [DepInfo(d["key"], d["nbytes"], d["who_has"]) for d in deps]
-        return ComputeTask(t["key"], "f", ARGS, t["prio"], infos, stimulus_id=sid)
+        resources = {"GPU": float(t["gpus"])} if t["gpus"] else {}
+        return ComputeTask(t["key"], "f", ARGS, t["prio"], infos, sid, resources)
 
     def answer_gather(worker: str, sid: str, lose: bool, honest: bool) -> GatherSuccess:
         keys = pending["gather"].pop(worker)

@@ -26,6 +26,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         memory_limit=2**34,
         pid=4242,
         subscribe=False,
+        resources={"GPU": 2.0, "MEM": 10e9},
     ),
     m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
     m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
@@ -40,6 +41,11 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 priority=-3,
                 retries=2,
                 funcs=["g" * 24],
+                restrictions=m.TaskRestrictions(
+                    workers=["tcp://w:1", "gpu-host"],
+                    allow_other_workers=True,
+                    resources={"GPU": 1.0},
+                ),
             ),
             m.TaskSpec(key="data", func="", payload=SMALL),
         ],
@@ -84,6 +90,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 processing=3,
                 nbytes=1024,
                 tasks_run=99,
+                resources={"GPU": 2.0},
             )
         ],
         tasks=12,
@@ -96,6 +103,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         priority=(0, -1, 42),
         deps=[m.DepInfo(key=("inc", 0), nbytes=28, who_has=["tcp://w:2"])],
         stimulus_id="compute-1",
+        resources={"GPU": 0.5},
     ),
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
     m.TaskFinished: m.TaskFinished(
@@ -303,6 +311,24 @@ def test_wrong_field_type_is_refused_naming_the_problem(batch, expected):
     assert "$[0]" in str(info.value)  # and where: the first message of the batch
 
 
+@pytest.mark.parametrize("amount", [-1.0, float("nan")])
+def test_negative_or_nan_resource_amounts_are_refused(amount):
+    restrictions = m.TaskRestrictions(resources={"GPU": amount})
+    submit = m.SubmitTasks([m.TaskSpec("k", "", SMALL, restrictions=restrictions)], [])
+    hello = m.Hello(m.PROTOCOL_VERSION, "worker", resources={"GPU": amount})
+    for msg in (submit, hello):
+        with pytest.raises(ProtocolError, match="Expected `float` >= 0.0"):
+            decode_raw([msgspec.msgpack.decode(msgspec.msgpack.encode(msg))])
+
+
+def test_an_unrestricted_task_pays_one_byte_for_restrictions():
+    plain = m.TaskSpec("k", "", SMALL)
+    encoded = msgspec.msgpack.encode(plain)
+    # the nil of its one restrictions field, nothing more
+    assert encoded.endswith(b"\xc0")
+    assert len(encoded) == len(msgspec.msgpack.encode(msgspec.structs.astuple(plain)[:-1])) + 1
+
+
 def test_bad_message_anywhere_in_batch_is_refused():
     with pytest.raises(ProtocolError) as info:
         decode_raw([["Ack", 1], ["Ack", 2], ["Ack", None]])
@@ -315,7 +341,9 @@ def test_unknown_tag_is_refused():
     assert "NoSuchMessage" in str(info.value)
 
 
-@pytest.mark.parametrize("tag", ["Payload", "TaskSpec", "WorkerInfo", "DepInfo", "Message"])
+@pytest.mark.parametrize(
+    "tag", ["Payload", "TaskSpec", "TaskRestrictions", "WorkerInfo", "DepInfo", "Message"]
+)
 def test_non_message_structs_are_not_tags(tag):
     with pytest.raises(ProtocolError):
         decode_raw([[tag, 1]])

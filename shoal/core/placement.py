@@ -1,0 +1,313 @@
+"""Which worker runs a task: the placement half of :class:`SchedulerState`.
+
+A mixin, so that its methods keep their names and share the scheduler's records:
+
+- a task with dependencies goes where most of their bytes already are, ties to the
+  least loaded worker (``_decide_worker``);
+- root tasks wait in a queue and go out, best priority first, to workers with a free
+  slot (``_schedule_queued``), so no worker is flooded;
+- ``_add_processing``/``_remove_processing`` keep each worker's processing set,
+  occupancy, resources in use and the set of free workers in step.
+
+Restrictions (``Client.submit(workers=, allow_other_workers=, resources=)``), with Dask's
+meaning:
+
+- ``workers``: addresses, names or hosts. The task runs only on a worker that matches
+  one of them; with ``allow_other_workers`` on any worker while no connected worker
+  that matches can run it (a preference: Dask's loose restrictions).
+- ``resources``: the task runs only on a worker that declared at least that much of
+  each in total, and only while that much is free there (the scheduler counts what the
+  tasks processing on each worker hold). Never loosened: a task that needs a GPU does
+  not run without one.
+
+A restricted task never enters the root-task queue, where it could stop at the head
+and starve the rest. Once ready it is queued with the tasks of the same restrictions
+(one shared :class:`Restrictions`) and goes out at the end of the event, best priority
+first, to the best valid worker with room for its resources. Without one it waits (it is
+not an error) until a worker joins or leaves or resources are released. As in Dask, a
+restricted task does not wait for a free thread: ``workers=`` alone sends every task to
+its workers at once, and ``resources=`` bounds how many run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from shoal.core.scheduler_model import TaskState, WorkerRecord
+from shoal.core.story import StoryLog
+from shoal.protocol.messages import TaskRestrictions
+
+QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
+MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
+BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
+SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
+
+
+class Restrictions:
+    """Where the tasks submitted with the same restrictions may run; one object shared
+    by all of them (interned), which also queues those of them waiting for a worker."""
+
+    __slots__ = ("workers", "loose", "resources", "queue", "nqueued", "__weakref__")
+
+    def __init__(self, workers: frozenset[str], loose: bool, resources: dict[str, float]):
+        self.workers = workers  # addresses, names or hosts; empty: any worker
+        self.loose = loose and bool(workers)  # may run elsewhere if none of them can
+        self.resources = resources  # held on the worker while a task runs
+        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # heap, lazily pruned
+        self.nqueued = 0  # tasks in state "queued" with these restrictions
+
+    def matches(self, ws: WorkerRecord) -> bool:
+        """``ws`` is one of the workers named (by address, name or host)."""
+        return not self.workers.isdisjoint(ws.aliases)
+
+    def capable(self, ws: WorkerRecord) -> bool:
+        """``ws`` has declared enough of every resource to ever run such a task."""
+        totals = ws.resources
+        return all(k in totals and totals[k] >= need for k, need in self.resources.items())
+
+    def has_room(self, ws: WorkerRecord) -> bool:
+        """Enough of every resource is free on ``ws`` now (it is capable)."""
+        totals, used = ws.resources, ws.used_resources
+        return all(totals[k] - used[k] >= need - SLACK for k, need in self.resources.items())
+
+    def __repr__(self) -> str:
+        loose = " loose" if self.loose else ""
+        return f"<Restrictions workers={sorted(self.workers)}{loose} resources={self.resources}>"
+
+
+class Placement:
+    """Placement methods and state of :class:`~shoal.core.scheduler.SchedulerState`."""
+
+    workers: dict[str, WorkerRecord]
+    log: StoryLog
+    transition_counter: int
+
+    if TYPE_CHECKING:
+
+        def _transition_queued_processing(
+            self, ts: TaskState, stimulus_id: str, ws: WorkerRecord | None = None
+        ) -> dict[TaskState, str]: ...
+
+    def _init_placement(self) -> None:
+        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
+        self.nqueued = 0  # tasks in that queue (restricted ones wait in their Restrictions)
+        self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
+        self.by_alias: dict[str, set[WorkerRecord]] = {}  # address, name, host -> workers
+        self.by_resource: dict[str, set[WorkerRecord]] = {}  # resource -> workers with some
+        self.restricted: dict[Restrictions, None] = {}  # those with queued tasks, in order
+        self._retry_restricted = False  # something changed that may let one of them go
+        self._interned: weakref.WeakValueDictionary[tuple[object, ...], Restrictions] = (
+            weakref.WeakValueDictionary()
+        )
+
+    # ------------------------------------------------------------------ workers
+
+    def _index_worker(self, ws: WorkerRecord) -> None:
+        for alias in ws.aliases:
+            self.by_alias.setdefault(alias, set()).add(ws)
+        for resource in ws.resources:
+            self.by_resource.setdefault(resource, set()).add(ws)
+        self.free_workers.add(ws)
+        self._retry_restricted = True  # room, perhaps the first valid worker
+
+    def _unindex_worker(self, ws: WorkerRecord) -> None:
+        for index, names in ((self.by_alias, ws.aliases), (self.by_resource, ws.resources)):
+            for name in names:
+                holders = index[name]
+                holders.discard(ws)
+                if not holders:
+                    del index[name]
+        self.free_workers.discard(ws)
+        self._retry_restricted = True  # loose tasks may now run on any worker
+
+    def _is_free(self, ws: WorkerRecord) -> bool:
+        n = len(ws.processing)
+        if n < ws.min_slots:
+            return True
+        return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
+
+    def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
+        ts.processing_on = ws
+        ws.processing.add(ts)
+        ts.estimate = est = ts.prefix.mean_duration
+        ws.occupancy += est
+        r = ts.restrictions
+        if r is not None and r.resources:
+            used = ws.used_resources
+            for resource, need in r.resources.items():
+                used[resource] += need
+        if not self._is_free(ws):
+            self.free_workers.discard(ws)
+
+    def _remove_processing(self, ts: TaskState) -> WorkerRecord | None:
+        ws = ts.processing_on
+        if ws is None:
+            return None
+        ts.processing_on = None
+        ws.processing.discard(ts)
+        ws.occupancy -= ts.estimate
+        r = ts.restrictions
+        if r is not None and r.resources:
+            used = ws.used_resources
+            for resource, need in r.resources.items():
+                used[resource] -= need
+            self._retry_restricted = True
+        if not ws.processing:
+            ws.occupancy = 0.0  # no drift from float sums
+            for resource in ws.used_resources:
+                ws.used_resources[resource] = 0.0
+        if ws.address in self.workers and self._is_free(ws):
+            self.free_workers.add(ws)
+        return ws
+
+    def _decide_worker(self, ts: TaskState) -> WorkerRecord | None:
+        """Where the most dependency bytes already are; ties go to the least loaded.
+        Idle workers compete too, paying for the bytes they would have to fetch.
+        A restricted task only considers valid workers with room for its resources."""
+        r = ts.restrictions
+        if r is not None:
+            allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
+            if not allowed:
+                return None
+        elif not self.workers:
+            return None
+        local: dict[WorkerRecord, int] = {}
+        total = 0
+        for dts in ts.dependencies:
+            nbytes = dts.nbytes
+            total += nbytes
+            for ws in dts.who_has:
+                local[ws] = local.get(ws, 0) + nbytes
+        if r is not None:
+            candidates: Collection[WorkerRecord] = allowed
+        else:
+            candidates = set(local)
+            candidates.update(self.free_workers)
+            if not candidates:
+                candidates = set(self.workers.values())
+        best = None
+        best_cost: tuple[float, int, str] | None = None
+        for ws in candidates:
+            have = local.get(ws, 0)
+            cost = (
+                (total - have) / BANDWIDTH + ws.occupancy / ws.nthreads,
+                -have,
+                ws.address,
+            )
+            if best_cost is None or cost < best_cost:
+                best, best_cost = ws, cost
+        return best
+
+    def _schedule_queued(self, stimulus_id: str) -> None:
+        """Hand root tasks from the queue to workers with free capacity, best first."""
+        queue = self.queue
+        # One task at a time to the least loaded free worker, so idle threads on other
+        # workers are used before any worker gets its extra slot.
+        free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
+        heapq.heapify(free)
+        while queue and free:
+            _, ts = heapq.heappop(queue)
+            if ts.state != "queued":
+                continue  # released while queued: a stale entry
+            ws = heapq.heappop(free)[2]
+            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self.transition_counter += 1
+            self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            if self._is_free(ws):
+                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
+
+    # ------------------------------------------------------------------ restrictions
+
+    def _restrictions(self, spec: TaskRestrictions) -> Restrictions | None:
+        """The shared Restrictions for a task's wire restrictions (None: unrestricted)."""
+        workers = frozenset(spec.workers)
+        resources = tuple(sorted(spec.resources.items()))
+        if not workers and not resources:
+            return None
+        loose = spec.allow_other_workers and bool(workers)
+        ident = (workers, loose, resources)
+        r = self._interned.get(ident)
+        if r is None:
+            r = self._interned[ident] = Restrictions(workers, loose, dict(resources))
+        return r
+
+    def _valid_workers(self, r: Restrictions) -> Collection[WorkerRecord]:
+        """The connected workers that may ever run a task with restrictions ``r``."""
+        if r.resources:
+            some = self.by_resource.get(next(iter(r.resources)), ())
+            capable: Collection[WorkerRecord] = [ws for ws in some if r.capable(ws)]
+        else:
+            capable = self.workers.values()
+        if not r.workers:
+            return capable
+        by_alias = self.by_alias
+        named = {ws for name in r.workers for ws in by_alias.get(name, ()) if r.capable(ws)}
+        if named or not r.loose:
+            return named
+        return capable
+
+    def _enqueue(self, ts: TaskState) -> None:
+        """``ts`` enters state "queued": the root-task queue, or its restrictions' own."""
+        r = ts.restrictions
+        if r is None:
+            heapq.heappush(self.queue, (ts.priority, ts))
+            self.nqueued += 1
+            return
+        queue = r.queue
+        heapq.heappush(queue, (ts.priority, ts))
+        r.nqueued += 1
+        if len(queue) > 2 * r.nqueued + 1024:  # drop stale entries now and then
+            queue[:] = [e for e in queue if e[1].state == "queued"]
+            heapq.heapify(queue)
+        self.restricted[r] = None
+        self._retry_restricted = True
+
+    def _dequeue(self, ts: TaskState) -> None:
+        """``ts`` leaves state "queued"; its heap entry goes stale (skipped later)."""
+        r = ts.restrictions
+        if r is None:
+            self.nqueued -= 1
+            return
+        r.nqueued -= 1
+        if not r.nqueued:
+            del self.restricted[r]
+            r.queue.clear()  # only stale entries left; they would keep tasks alive
+
+    def _schedule_restricted(self, stimulus_id: str) -> None:
+        """Send queued restricted tasks to valid workers with room, best priority first
+        across all restrictions. Tasks sharing restrictions have the same valid workers,
+        so once the best of them finds no room, the rest need not be tried."""
+        self._retry_restricted = False
+        tops: list[tuple[tuple[int, ...], int, Restrictions]] = []
+        for i, r in enumerate(self.restricted):
+            top = _live_top(r)
+            if top is not None:
+                tops.append((top.priority, i, r))
+        heapq.heapify(tops)
+        while tops:
+            _, i, r = tops[0]
+            ts = r.queue[0][1]
+            ws = self._decide_worker(ts)
+            if ws is None:
+                heapq.heappop(tops)
+                continue
+            heapq.heappop(r.queue)
+            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self.transition_counter += 1
+            self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            top = _live_top(r)
+            if top is None:
+                heapq.heappop(tops)
+            else:
+                heapq.heapreplace(tops, (top.priority, i, r))
+
+
+def _live_top(r: Restrictions) -> TaskState | None:
+    """The best queued task of ``r``, dropping stale entries on the way."""
+    queue = r.queue
+    while queue and queue[0][1].state != "queued":
+        heapq.heappop(queue)
+    return queue[0][1] if queue else None

@@ -102,10 +102,10 @@ class Sim:
                 func.get(key, "f"),
                 ARGS,
                 list(deps),
-                group.get(key, ""),
-                priority.get(key, 0),
-                retries.get(key, 0),
-                restrictions.get(key),
+                group=group.get(key, ""),
+                priority=priority.get(key, 0),
+                retries=retries.get(key, 0),
+                restrictions=restrictions.get(key),
             )
             for key, deps in dag.items()
         ]

@@ -75,6 +75,8 @@ class Client:
         self._states: dict[Key, FutureState] = {}
         self._refs: dict[Key, int] = {}
         self._refs_lock = threading.Lock()
+        self._cancels = 0  # cancel calls so far
+        self._cancel_numbers: dict[str, int] = {}  # a cancel's stimulus_id: its number
         self._outbox: deque[m.Message] = deque()
         self._outbox_lock = threading.Lock()
         self._submit_lock = threading.Lock()
@@ -275,7 +277,7 @@ class Client:
             if st is None or (st.status == "cancelled" and state is None):
                 # A cancelled key submitted again starts afresh; futures of the old
                 # submission keep their cancelled state.
-                st = self._states[key] = state or FutureState(key)
+                st = self._states[key] = state or FutureState(key, self._cancels)
             return st
 
     def _release(self, key: Key) -> None:
@@ -309,7 +311,11 @@ class Client:
             elif t is m.KeyCancelled:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:
-                    st.cancel(msg.reason)  # type: ignore[attr-defined]
+                    # The answer to one of our cancels is about the futures of that time,
+                    # not those of a key submitted again since.
+                    n = self._cancel_numbers.get(msg.stimulus_id)  # type: ignore[attr-defined]
+                    if n is None or st.born < n:
+                        st.cancel(msg.reason)  # type: ignore[attr-defined]
             elif t is m.Refused:  # the scheduler is closing this connection: say why
                 raise ProtocolError(f"the scheduler refused a message: {msg.reason}")  # type: ignore[attr-defined]
             else:
@@ -511,7 +517,11 @@ class Client:
             for st in states:
                 st.cancel("cancelled")
 
-        msg = m.CancelKeys(keys, stimulus_id=f"cancel-{uuid.uuid4().hex[:8]}")
+        with self._refs_lock:
+            self._cancels += 1
+            stimulus_id = f"cancel-{self._cancels}-{uuid.uuid4().hex[:8]}"
+            self._cancel_numbers[stimulus_id] = self._cancels
+        msg = m.CancelKeys(keys, stimulus_id=stimulus_id)
 
         async def cancel() -> None:
             mark()

@@ -37,10 +37,12 @@ class FutureState:
         "_event",
         "_async_waiters",
         "_callbacks",
+        "born",
     )
 
-    def __init__(self, key: Key):
+    def __init__(self, key: Key, born: int = 0):
         self.key = key
+        self.born = born  # the client's count of cancel calls when this state was made
         self.status = "pending"  # pending | finished | error | cancelled
         self.value: Any = None
         self.has_value = False  # the value came inline with the completion

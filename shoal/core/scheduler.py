@@ -18,6 +18,7 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.scheduler_model import (
+    _NO_SET,
     ClientRecord,
     TaskGroup,
     TaskPrefix,
@@ -139,7 +140,8 @@ class SchedulerState:
             recs.update(self._transition(ts, "released", stimulus_id))
         lost = []
         for ts in ws.has_what:
-            ts.who_has.discard(ws)
+            if ts.who_has:
+                ts.who_has.discard(ws)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         ws.has_what = set()
@@ -212,7 +214,11 @@ class SchedulerState:
                 if dts is None:
                     missing.append(dk)
                     continue
+                if ts.dependencies is _NO_SET:
+                    ts.dependencies = set()
                 ts.dependencies.add(dts)
+                if dts.dependents is _NO_SET:
+                    dts.dependents = set()
                 dts.dependents.add(ts)
             if missing or (ts.func and ts.func not in self.functions):
                 if missing:
@@ -276,6 +282,8 @@ class SchedulerState:
             errs[ts] = "erred"
 
     def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
+        if ts.who_wants is _NO_SET:
+            ts.who_wants = set()
         ts.who_wants.add(cs)
         cs.wants.add(ts)
         if ts.state == "memory":
@@ -308,7 +316,8 @@ class SchedulerState:
     ) -> None:
         recs: Recs = {}
         for ts in tasks:
-            ts.who_wants.discard(cs)
+            if ts.who_wants:
+                ts.who_wants.discard(cs)
             cs.wants.discard(ts)
             if not ts.who_wants and not ts.waiters:
                 recs[ts] = "forgotten" if not ts.dependents else "released"
@@ -338,6 +347,8 @@ class SchedulerState:
                 self.tasks[key] = ts
             if ws is None:  # the worker left meanwhile: this copy is gone
                 if ts.state == "released" and ts.payload is None:  # and it was the only one
+                    if ts.who_wants is _NO_SET:
+                        ts.who_wants = set()
                     ts.who_wants.add(cs)
                     cs.wants.add(ts)
                     self._lost_data_error(ts, msg.stimulus_id)
@@ -483,6 +494,8 @@ class SchedulerState:
         if not ts.who_has:
             ts.nbytes = nbytes
         if ws not in ts.who_has:
+            if ts.who_has is _NO_SET:
+                ts.who_has = set()
             ts.who_has.add(ws)
             ws.has_what.add(ts)
             ws.nbytes += ts.nbytes
@@ -637,10 +650,14 @@ class SchedulerState:
         recs: Recs = {}
         waiting_on = ts.waiting_on
         for dts in ts.dependencies:
+            if dts.waiters is _NO_SET:
+                dts.waiters = set()
             dts.waiters.add(ts)
             state = dts.state
             if state == "memory":
                 continue
+            if waiting_on is _NO_SET:
+                waiting_on = ts.waiting_on = set()
             waiting_on.add(dts)
             if state == "released":
                 recs[dts] = "waiting"
@@ -691,10 +708,11 @@ class SchedulerState:
         """``ts`` no longer needs its dependencies' data."""
         recs: Recs = {}
         for dts in ts.dependencies:
-            dts.waiters.discard(ts)
+            if dts.waiters:  # none yet if this task erred on its way to waiting
+                dts.waiters.discard(ts)
             if not dts.waiters and not dts.who_wants and dts.state != "released":
                 recs[dts] = "released"
-        ts.waiting_on.clear()
+        ts.waiting_on = _NO_SET
         return recs
 
     def _transition_waiting_released(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -717,8 +735,9 @@ class SchedulerState:
             recs.update(self._leave_dependencies(ts))
         else:
             for dts in ts.dependencies:
-                dts.waiters.discard(ts)  # re-added on the way back to waiting
-        ts.waiting_on.clear()
+                if dts.waiters:
+                    dts.waiters.discard(ts)  # re-added on the way back to waiting
+        ts.waiting_on = _NO_SET
         recs.update(self._forget_or_keep(ts))
         return recs
 
@@ -740,12 +759,17 @@ class SchedulerState:
         recs: Recs = {}
         for dts in ts.dependents:
             if dts.state == "waiting":
-                dts.waiting_on.discard(ts)
-                if not dts.waiting_on:
+                waiting_on = dts.waiting_on
+                if waiting_on:
+                    waiting_on.discard(ts)
+                if not waiting_on:
+                    dts.waiting_on = _NO_SET
                     recs[dts] = self._ready_state(dts)
         for dts in ts.dependencies:
-            dts.waiters.discard(ts)
-            if not dts.waiters and not dts.who_wants:
+            waiters = dts.waiters
+            if waiters:
+                waiters.discard(ts)
+            if not waiters and not dts.who_wants:
                 recs[dts] = "released"
         if ts.who_wants:
             note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
@@ -760,7 +784,7 @@ class SchedulerState:
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
             self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
-        ts.who_has.clear()
+        ts.who_has = _NO_SET
         ts.state = "released"
         ts.group.nbytes -= ts.nbytes
         ts.prefix.nbytes -= ts.nbytes
@@ -768,6 +792,8 @@ class SchedulerState:
         for dts in ts.dependents:
             state = dts.state
             if state == "waiting":
+                if dts.waiting_on is _NO_SET:
+                    dts.waiting_on = set()
                 dts.waiting_on.add(ts)
             elif state in ("processing", "queued"):
                 recs[dts] = "released"  # it will wait for this one again
@@ -814,7 +840,7 @@ class SchedulerState:
                 dts.exception_blame = blame
                 dts.exception, dts.traceback = ts.exception, ts.traceback
                 recs[dts] = "erred"
-        ts.waiters.clear()
+        ts.waiters = _NO_SET
         if not ts.who_wants:
             recs[ts] = "forgotten" if not ts.dependents else "released"
         return recs
@@ -843,10 +869,11 @@ class SchedulerState:
         recs: Recs = {}
         for dts in ts.dependencies:
             dts.dependents.discard(ts)
-            dts.waiters.discard(ts)
+            if dts.waiters:
+                dts.waiters.discard(ts)
             if not dts.dependents and not self._needed(dts) and dts.state != "forgotten":
                 recs[dts] = "forgotten"
-        ts.dependencies.clear()
+        ts.dependencies = _NO_SET
         return recs
 
     # ------------------------------------------------------------------ invariants

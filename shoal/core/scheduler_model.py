@@ -135,6 +135,12 @@ def parse_host(address: str) -> str:
     return rest.rsplit(":", 1)[0]
 
 
+# Shared and never mutated: code that adds to a task's set first replaces this by a real
+# set, and code that clears one puts this back. Most tasks hold at most a few of their
+# sets at once, and an empty set costs 216 bytes.
+_NO_SET: Any = frozenset()
+
+
 class TaskState:
     __slots__ = (
         "key",
@@ -175,12 +181,12 @@ class TaskState:
         self.prefix = group.prefix
         self.func = func
         self.payload = payload  # None: data with no way to recompute it (scattered)
-        self.dependencies: set[TaskState] = set()
-        self.dependents: set[TaskState] = set()
-        self.waiting_on: set[TaskState] = set()  # dependencies not yet in memory
-        self.waiters: set[TaskState] = set()  # dependents that still need this result
-        self.who_wants: set[ClientRecord] = set()
-        self.who_has: set[WorkerRecord] = set()
+        self.dependencies: set[TaskState] = _NO_SET
+        self.dependents: set[TaskState] = _NO_SET
+        self.waiting_on: set[TaskState] = _NO_SET  # dependencies not yet in memory
+        self.waiters: set[TaskState] = _NO_SET  # dependents that still need this result
+        self.who_wants: set[ClientRecord] = _NO_SET
+        self.who_has: set[WorkerRecord] = _NO_SET
         self.processing_on: WorkerRecord | None = None
         self.priority = priority
         self.retries = retries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shoal.core.scheduler_model import TaskState
+from shoal.core.scheduler_model import _NO_SET, TaskState
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
@@ -29,6 +29,17 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(st != "forgotten", "forgotten task still held", ts)
         c = counts.setdefault(ts.group.name, {})
         c[st] = c.get(st, 0) + 1
+        for tset in (
+            ts.dependencies,
+            ts.dependents,
+            ts.waiting_on,
+            ts.waiters,
+            ts.who_wants,
+            ts.who_has,
+        ):
+            check(
+                tset is _NO_SET or type(tset) is set, "neither a set nor the shared empty one", ts
+            )
         for dts in ts.dependencies:
             check(ts in dts.dependents, "dependency does not list its dependent", ts)
             check(dts.key in state.tasks, "dependency was forgotten", ts)

@@ -209,17 +209,20 @@ class SchedulerState:
         errs: Recs = {}
         for ts, deps in new:
             missing = []
-            for dk in deps:
-                dts = tasks.get(dk)
-                if dts is None:
-                    missing.append(dk)
-                    continue
-                if ts.dependencies is _NO_SET:
-                    ts.dependencies = set()
-                ts.dependencies.add(dts)
-                if dts.dependents is _NO_SET:
-                    dts.dependents = set()
-                dts.dependents.add(ts)
+            if deps:
+                found = []
+                for dk in deps:
+                    dts = tasks.get(dk)
+                    if dts is None:
+                        missing.append(dk)
+                    else:
+                        found.append(dts)
+                # A key named twice is one dependency.
+                ts.dependencies = tuple(dict.fromkeys(found) if len(found) > 1 else found)
+                for dts in ts.dependencies:
+                    if dts.dependents is _NO_SET:
+                        dts.dependents = set()
+                    dts.dependents.add(ts)
             if missing or (ts.func and ts.func not in self.functions):
                 if missing:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
@@ -271,9 +274,10 @@ class SchedulerState:
         keys = sorted(repr(ts.key) for ts in pending)
         shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
         for ts in pending:
-            for dts in list(ts.dependencies):
-                if dts in pending:
-                    ts.dependencies.discard(dts)
+            cut = [dts for dts in ts.dependencies if dts in pending]
+            if cut:
+                ts.dependencies = tuple(d for d in ts.dependencies if d not in pending)
+                for dts in cut:
                     dts.dependents.discard(ts)
         for ts in pending:
             problem = f"is on or after a dependency cycle among the keys {shown}"
@@ -873,7 +877,7 @@ class SchedulerState:
                 dts.waiters.discard(ts)
             if not dts.dependents and not self._needed(dts) and dts.state != "forgotten":
                 recs[dts] = "forgotten"
-        ts.dependencies = _NO_SET
+        ts.dependencies = ()
         return recs
 
     # ------------------------------------------------------------------ invariants

@@ -181,7 +181,8 @@ class TaskState:
         self.prefix = group.prefix
         self.func = func
         self.payload = payload  # None: data with no way to recompute it (scattered)
-        self.dependencies: set[TaskState] = _NO_SET
+        # Fixed once made (cut only to break a cycle): a tuple of one costs 48 bytes.
+        self.dependencies: tuple[TaskState, ...] = ()
         self.dependents: set[TaskState] = _NO_SET
         self.waiting_on: set[TaskState] = _NO_SET  # dependencies not yet in memory
         self.waiters: set[TaskState] = _NO_SET  # dependents that still need this result

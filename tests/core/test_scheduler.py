@@ -84,6 +84,22 @@ def test_dependent_goes_waiting_to_processing_with_dep_info():
     assert sim.ws(W1).has_what == {sim.ts("b")} and sim.ws(W1).nbytes == 8
 
 
+def test_a_dependency_named_twice_is_one_dependency():
+    sim = Sim()
+    sim.submit({"a": [], "b": ["a", "a"]}, wanted=["b"])
+    assert sim.ts("b").dependencies == (sim.ts("a"),)
+    assert sim.ts("a").dependents == {sim.ts("b")} and sim.ts("a").waiters == {sim.ts("b")}
+    sim.clear()
+    sim.finish("a", nbytes=100)
+    assert sim.to_worker(W1) == [
+        ComputeTask("b", "f", ARGS, (0, 0, 1), [DepInfo("a", 100, [W1])], "done-a")
+    ]
+    sim.finish("b")
+    assert sim.states() == {"a": "released", "b": "memory"}
+    sim.release("b")
+    assert sim.states() == {}
+
+
 def test_waiting_to_released_and_forgotten():
     sim = Sim()
     sim.submit({"a": [], "b": ["a"]})

@@ -54,6 +54,9 @@ class SchedulerState:
         self.workers: dict[str, WorkerRecord] = {}
         self.clients: dict[str, ClientRecord] = {}
         self.functions: dict[str, bytes] = {}
+        # One str object per function id, which every task naming it shares: a task's
+        # decoded copy would cost ~73 bytes per task.
+        self._function_ids: dict[str, str] = {}
         self.log = StoryLog()
         self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
         self.nqueued = 0
@@ -187,6 +190,9 @@ class SchedulerState:
     def _submit_tasks(self, cs: ClientRecord, msg: m.SubmitTasks) -> None:
         stimulus_id = msg.stimulus_id
         self.functions.update(msg.functions)
+        fids = self._function_ids
+        for fid in msg.functions:
+            fids.setdefault(fid, fid)
         generation = next(self._generation)
         tasks = self.tasks
         new: list[tuple[TaskState, list[Key]]] = []
@@ -195,7 +201,7 @@ class SchedulerState:
             if ts is None:
                 ts = TaskState(
                     spec.key,
-                    spec.func,
+                    fids.get(spec.func, spec.func),
                     spec.payload,
                     self._group(spec.group or spec.key),
                     (-spec.priority, generation, i),
@@ -204,7 +210,7 @@ class SchedulerState:
                 tasks[spec.key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
-                ts.func, ts.payload = spec.func, spec.payload
+                ts.func, ts.payload = fids.get(spec.func, spec.func), spec.payload
         recs: Recs = {}
         errs: Recs = {}
         for ts, deps in new:

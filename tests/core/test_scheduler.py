@@ -14,6 +14,7 @@ from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim, addr, kinds
 
 from shoal.core.scheduler import MAX_PER_THREAD, QUEUE_HORIZON
 from shoal.core.scheduler_model import UNKNOWN_DURATION
+from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.messages import (
     ComputeTask,
     DepInfo,
@@ -21,6 +22,8 @@ from shoal.protocol.messages import (
     FunctionDefs,
     KeyInMemory,
     Payload,
+    SubmitTasks,
+    TaskSpec,
 )
 
 
@@ -429,6 +432,19 @@ def test_function_defs_sent_once_per_worker_per_function():
     sim.submit({f"h-{i}": [] for i in range(3)}, func={f"h-{i}": "g" for i in range(3)})
     assert kinds(sim.to_worker(W3)) == ["FunctionDefs", "ComputeTask", "ComputeTask"]
     assert sim.ws(W3).known_functions == {"g"}
+
+
+def test_tasks_share_one_copy_of_their_function_id():
+    # Decoded from the wire, each task's function id is a str of its own; the scheduler
+    # keeps one copy per function instead of one per task.
+    sim = Sim()
+    fid = "5f2d0c4b9a8e7d6c5b4a3f2e"
+    for keys, functions in [("ab", {fid: b"F"}), ("c", {})]:
+        specs = [TaskSpec(k, fid, ARGS) for k in keys]
+        (msg,) = decode_body(encode_body([SubmitTasks(specs, list(keys), functions, "s")]))
+        assert msg.tasks[0].func == fid and msg.tasks[0].func is not fid
+        sim.s.handle_client("c", msg)
+    assert len({id(sim.ts(k).func) for k in "abc"}) == 1 and sim.ts("a").func == fid
 
 
 def test_a_rejoining_worker_gets_its_functions_again():

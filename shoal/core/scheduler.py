@@ -197,17 +197,22 @@ class SchedulerState:
         tasks = self.tasks
         new: list[tuple[TaskState, list[Key]]] = []
         for i, spec in enumerate(msg.tasks):
-            ts = tasks.get(spec.key)
+            key = spec.key
+            ts = tasks.get(key)
             if ts is None:
+                group = self._group(spec.group or key)
+                if type(key) is tuple and key and key[0] == group.name:
+                    # The group's copy of the name, not one per key (~90 bytes each).
+                    key = (group.name, *key[1:])
                 ts = TaskState(
-                    spec.key,
+                    key,
                     fids.get(spec.func, spec.func),
                     spec.payload,
-                    self._group(spec.group or spec.key),
+                    group,
                     (-spec.priority, generation, i),
                     spec.retries,
                 )
-                tasks[spec.key] = ts
+                tasks[key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
                 ts.func, ts.payload = fids.get(spec.func, spec.func), spec.payload

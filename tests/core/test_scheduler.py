@@ -447,6 +447,25 @@ def test_tasks_share_one_copy_of_their_function_id():
     assert len({id(sim.ts(k).func) for k in "abc"}) == 1 and sim.ts("a").func == fid
 
 
+def test_tuple_keys_share_their_group_name():
+    # Likewise each decoded tuple key has its own copy of the name: tasks keep the group's.
+    sim = Sim()
+    name = "ones-5f2d0c4b9a8e7d6c5b4a3f2e5f2d0c4b"
+    specs = [TaskSpec((name, i), "f", ARGS) for i in range(3)]
+    specs.append(TaskSpec((name, 3), "f", ARGS, [(name, 0)], group="other"))
+    msg = SubmitTasks(specs, [s.key for s in specs], FUNCS, "s")
+    (msg,) = decode_body(encode_body([msg]))
+    sim.s.handle_client("c", msg)
+    group = sim.s.groups[name]
+    for i in range(3):
+        ts = sim.ts((name, i))
+        assert ts.key == (name, i) and ts.key[0] is group.name and ts.group is group
+    assert sim.ts((name, 3)).key[0] is not group.name  # not its group's name: kept as sent
+    assert sim.ts((name, 3)).dependencies == (sim.ts((name, 0)),)
+    sim.run_all()
+    assert sim.states() == {(name, i): "memory" for i in range(4)}
+
+
 def test_a_rejoining_worker_gets_its_functions_again():
     sim = Sim()
     sim.submit({"a": []})

@@ -18,12 +18,14 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.scheduler_model import (
-    _NO_SET,
+    SMALL,
     ClientRecord,
     TaskGroup,
     TaskPrefix,
     TaskState,
     WorkerRecord,
+    added,
+    discarded,
     key_split,
 )
 from shoal.core.scheduler_validation import validate_scheduler_state
@@ -143,8 +145,7 @@ class SchedulerState:
             recs.update(self._transition(ts, "released", stimulus_id))
         lost = []
         for ts in ws.has_what:
-            if ts.who_has:
-                ts.who_has.discard(ws)
+            ts.who_has = discarded(ts.who_has, ws)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         ws.has_what = set()
@@ -231,9 +232,7 @@ class SchedulerState:
                 # A key named twice is one dependency.
                 ts.dependencies = tuple(dict.fromkeys(found) if len(found) > 1 else found)
                 for dts in ts.dependencies:
-                    if dts.dependents is _NO_SET:
-                        dts.dependents = set()
-                    dts.dependents.add(ts)
+                    dts.dependents = added(dts.dependents, ts)
             if missing or (ts.func and ts.func not in self.functions):
                 if missing:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
@@ -289,7 +288,7 @@ class SchedulerState:
             if cut:
                 ts.dependencies = tuple(d for d in ts.dependencies if d not in pending)
                 for dts in cut:
-                    dts.dependents.discard(ts)
+                    dts.dependents = discarded(dts.dependents, ts)
         for ts in pending:
             problem = f"is on or after a dependency cycle among the keys {shown}"
             ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
@@ -297,9 +296,7 @@ class SchedulerState:
             errs[ts] = "erred"
 
     def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
-        if ts.who_wants is _NO_SET:
-            ts.who_wants = set()
-        ts.who_wants.add(cs)
+        ts.who_wants = added(ts.who_wants, cs)
         cs.wants.add(ts)
         if ts.state == "memory":
             self.comm.send_client(
@@ -331,8 +328,7 @@ class SchedulerState:
     ) -> None:
         recs: Recs = {}
         for ts in tasks:
-            if ts.who_wants:
-                ts.who_wants.discard(cs)
+            ts.who_wants = discarded(ts.who_wants, cs)
             cs.wants.discard(ts)
             if not ts.who_wants and not ts.waiters:
                 recs[ts] = "forgotten" if not ts.dependents else "released"
@@ -362,9 +358,7 @@ class SchedulerState:
                 self.tasks[key] = ts
             if ws is None:  # the worker left meanwhile: this copy is gone
                 if ts.state == "released" and ts.payload is None:  # and it was the only one
-                    if ts.who_wants is _NO_SET:
-                        ts.who_wants = set()
-                    ts.who_wants.add(cs)
+                    ts.who_wants = added(ts.who_wants, cs)
                     cs.wants.add(ts)
                     self._lost_data_error(ts, msg.stimulus_id)
                 else:  # held elsewhere, or computable: as if the client just wanted it
@@ -509,15 +503,13 @@ class SchedulerState:
         if not ts.who_has:
             ts.nbytes = nbytes
         if ws not in ts.who_has:
-            if ts.who_has is _NO_SET:
-                ts.who_has = set()
-            ts.who_has.add(ws)
+            ts.who_has = added(ts.who_has, ws)
             ws.has_what.add(ts)
             ws.nbytes += ts.nbytes
 
     def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None:
         if ws in ts.who_has:
-            ts.who_has.discard(ws)
+            ts.who_has = discarded(ts.who_has, ws)
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
 
@@ -663,20 +655,18 @@ class SchedulerState:
                 ts.exception, ts.traceback = dts.exception, dts.traceback
                 return {ts: "erred"}
         recs: Recs = {}
-        waiting_on = ts.waiting_on
+        waiting_on = []
         for dts in ts.dependencies:
-            if dts.waiters is _NO_SET:
-                dts.waiters = set()
-            dts.waiters.add(ts)
+            dts.waiters = added(dts.waiters, ts)
             state = dts.state
             if state == "memory":
                 continue
-            if waiting_on is _NO_SET:
-                waiting_on = ts.waiting_on = set()
-            waiting_on.add(dts)
+            waiting_on.append(dts)
             if state == "released":
                 recs[dts] = "waiting"
-        if not waiting_on:
+        if waiting_on:  # distinct, as dependencies are
+            ts.waiting_on = tuple(waiting_on) if len(waiting_on) <= SMALL else set(waiting_on)
+        else:
             recs[ts] = self._ready_state(ts)
         return recs
 
@@ -723,11 +713,10 @@ class SchedulerState:
         """``ts`` no longer needs its dependencies' data."""
         recs: Recs = {}
         for dts in ts.dependencies:
-            if dts.waiters:  # none yet if this task erred on its way to waiting
-                dts.waiters.discard(ts)
+            dts.waiters = discarded(dts.waiters, ts)
             if not dts.waiters and not dts.who_wants and dts.state != "released":
                 recs[dts] = "released"
-        ts.waiting_on = _NO_SET
+        ts.waiting_on = ()
         return recs
 
     def _transition_waiting_released(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -750,9 +739,8 @@ class SchedulerState:
             recs.update(self._leave_dependencies(ts))
         else:
             for dts in ts.dependencies:
-                if dts.waiters:
-                    dts.waiters.discard(ts)  # re-added on the way back to waiting
-        ts.waiting_on = _NO_SET
+                dts.waiters = discarded(dts.waiters, ts)  # re-added on the way back to waiting
+        ts.waiting_on = ()
         recs.update(self._forget_or_keep(ts))
         return recs
 
@@ -774,17 +762,12 @@ class SchedulerState:
         recs: Recs = {}
         for dts in ts.dependents:
             if dts.state == "waiting":
-                waiting_on = dts.waiting_on
-                if waiting_on:
-                    waiting_on.discard(ts)
-                if not waiting_on:
-                    dts.waiting_on = _NO_SET
+                dts.waiting_on = discarded(dts.waiting_on, ts)
+                if not dts.waiting_on:
                     recs[dts] = self._ready_state(dts)
         for dts in ts.dependencies:
-            waiters = dts.waiters
-            if waiters:
-                waiters.discard(ts)
-            if not waiters and not dts.who_wants:
+            dts.waiters = discarded(dts.waiters, ts)
+            if not dts.waiters and not dts.who_wants:
                 recs[dts] = "released"
         if ts.who_wants:
             note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
@@ -799,7 +782,7 @@ class SchedulerState:
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
             self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
-        ts.who_has = _NO_SET
+        ts.who_has = ()
         ts.state = "released"
         ts.group.nbytes -= ts.nbytes
         ts.prefix.nbytes -= ts.nbytes
@@ -807,9 +790,7 @@ class SchedulerState:
         for dts in ts.dependents:
             state = dts.state
             if state == "waiting":
-                if dts.waiting_on is _NO_SET:
-                    dts.waiting_on = set()
-                dts.waiting_on.add(ts)
+                dts.waiting_on = added(dts.waiting_on, ts)
             elif state in ("processing", "queued"):
                 recs[dts] = "released"  # it will wait for this one again
         recs.update(self._forget_or_keep(ts))
@@ -855,7 +836,7 @@ class SchedulerState:
                 dts.exception_blame = blame
                 dts.exception, dts.traceback = ts.exception, ts.traceback
                 recs[dts] = "erred"
-        ts.waiters = _NO_SET
+        ts.waiters = ()
         if not ts.who_wants:
             recs[ts] = "forgotten" if not ts.dependents else "released"
         return recs
@@ -883,9 +864,8 @@ class SchedulerState:
             group.prefix.ngroups -= 1
         recs: Recs = {}
         for dts in ts.dependencies:
-            dts.dependents.discard(ts)
-            if dts.waiters:
-                dts.waiters.discard(ts)
+            dts.dependents = discarded(dts.dependents, ts)
+            dts.waiters = discarded(dts.waiters, ts)
             if not dts.dependents and not self._needed(dts) and dts.state != "forgotten":
                 recs[dts] = "forgotten"
         ts.dependencies = ()

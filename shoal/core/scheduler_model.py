@@ -7,7 +7,7 @@ every progress or dashboard query reads counters instead of scanning tasks.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from shoal.protocol.messages import Key, Payload
 
@@ -135,10 +135,39 @@ def parse_host(address: str) -> str:
     return rest.rsplit(":", 1)[0]
 
 
-# Shared and never mutated: code that adds to a task's set first replaces this by a real
-# set, and code that clears one puts this back. Most tasks hold at most a few of their
-# sets at once, and an empty set costs 216 bytes.
-_NO_SET: Any = frozenset()
+_T = TypeVar("_T")
+
+# A task's dependents, waiters, holders, ... are a tuple of distinct members while they
+# are few, a set beyond SMALL: most have none or one, and a tuple costs 40 + 8 bytes per
+# member where even an empty set costs 216. They change only through added/discarded.
+SMALL = 8
+Members = tuple[_T, ...] | set[_T]
+
+
+def added(members: Members[_T], x: _T) -> Members[_T]:
+    """``members`` with ``x`` in it: the same set, or a new tuple (a new set past SMALL)."""
+    if not members:
+        return (x,)
+    if type(members) is set:
+        members.add(x)
+        return members
+    if x in members:
+        return members
+    if len(members) < SMALL:
+        return (*members, x)
+    return {*members, x}
+
+
+def discarded(members: Members[_T], x: _T) -> Members[_T]:
+    """``members`` without ``x``: the same set, or a new tuple (once empty, ())."""
+    if type(members) is set:
+        members.discard(x)
+        return members if members else ()
+    if x not in members:
+        return members
+    if len(members) == 1:
+        return ()
+    return tuple([y for y in members if y is not x])
 
 
 class TaskState:
@@ -183,11 +212,11 @@ class TaskState:
         self.payload = payload  # None: data with no way to recompute it (scattered)
         # Fixed once made (cut only to break a cycle): a tuple of one costs 48 bytes.
         self.dependencies: tuple[TaskState, ...] = ()
-        self.dependents: set[TaskState] = _NO_SET
-        self.waiting_on: set[TaskState] = _NO_SET  # dependencies not yet in memory
-        self.waiters: set[TaskState] = _NO_SET  # dependents that still need this result
-        self.who_wants: set[ClientRecord] = _NO_SET
-        self.who_has: set[WorkerRecord] = _NO_SET
+        self.dependents: Members[TaskState] = ()
+        self.waiting_on: Members[TaskState] = ()  # dependencies not yet in memory
+        self.waiters: Members[TaskState] = ()  # dependents that still need this result
+        self.who_wants: Members[ClientRecord] = ()
+        self.who_has: Members[WorkerRecord] = ()
         self.processing_on: WorkerRecord | None = None
         self.priority = priority
         self.retries = retries

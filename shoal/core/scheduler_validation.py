@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shoal.core.scheduler_model import _NO_SET, TaskState
+from shoal.core.scheduler_model import SMALL, TaskState
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
@@ -44,16 +44,13 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(type(deps) is tuple, "dependencies not a tuple", ts)
         if len(deps) > 1:
             check(len(set(deps)) == len(deps), "a dependency listed twice", ts)
-        for tset in (
-            ts.dependents,
-            ts.waiting_on,
-            ts.waiters,
-            ts.who_wants,
-            ts.who_has,
-        ):
-            check(
-                tset is _NO_SET or type(tset) is set, "neither a set nor the shared empty one", ts
-            )
+        for members in (ts.dependents, ts.waiting_on, ts.waiters, ts.who_wants, ts.who_has):
+            if type(members) is tuple:
+                n = len(members)
+                check(n <= SMALL, "a tuple of members past SMALL", ts)
+                check(n < 2 or len(set(members)) == n, "a member listed twice", ts)
+            else:
+                check(type(members) is set and bool(members), "members not a tuple or set", ts)
         for dts in ts.dependencies:
             check(ts in dts.dependents, "dependency does not list its dependent", ts)
             check(dts.key in state.tasks, "dependency was forgotten", ts)

@@ -13,7 +13,7 @@ import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim, addr, kinds
 
 from shoal.core.scheduler import MAX_PER_THREAD, QUEUE_HORIZON
-from shoal.core.scheduler_model import UNKNOWN_DURATION
+from shoal.core.scheduler_model import SMALL, UNKNOWN_DURATION, Members, added, discarded
 from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.messages import (
     ComputeTask,
@@ -55,7 +55,7 @@ def test_root_task_released_waiting_queued_processing_memory():
         ("processing", "memory", "done-a"),
     ]
     ts = sim.ts("a")
-    assert ts.who_has == {sim.ws(W1)} and ts.nbytes == 16
+    assert set(ts.who_has) == {sim.ws(W1)} and ts.nbytes == 16
     assert sim.ws(W1).has_what == {ts} and sim.ws(W1).nbytes == 16
     assert sim.ws(W1).tasks_run == 1 and sim.ws(W1).processing == set()
 
@@ -64,8 +64,8 @@ def test_dependent_goes_waiting_to_processing_with_dep_info():
     sim = Sim()
     sim.submit({"a": [], "b": ["a"]}, wanted=["b"])
     assert sim.states() == {"a": "processing", "b": "waiting"}
-    assert sim.ts("b").waiting_on == {sim.ts("a")}
-    assert sim.ts("a").waiters == {sim.ts("b")}
+    assert set(sim.ts("b").waiting_on) == {sim.ts("a")}
+    assert set(sim.ts("a").waiters) == {sim.ts("b")}
     sim.clear()
     sim.finish("a", nbytes=100)
     assert sim.states() == {"a": "memory", "b": "processing"}
@@ -91,7 +91,7 @@ def test_a_dependency_named_twice_is_one_dependency():
     sim = Sim()
     sim.submit({"a": [], "b": ["a", "a"]}, wanted=["b"])
     assert sim.ts("b").dependencies == (sim.ts("a"),)
-    assert sim.ts("a").dependents == {sim.ts("b")} and sim.ts("a").waiters == {sim.ts("b")}
+    assert sim.ts("a").dependents == sim.ts("a").waiters == (sim.ts("b"),)
     sim.clear()
     sim.finish("a", nbytes=100)
     assert sim.to_worker(W1) == [
@@ -112,7 +112,7 @@ def test_waiting_to_released_and_forgotten():
         ("waiting", "released", "rel"),
         ("released", "forgotten", "rel"),
     ]
-    assert sim.ts("a").waiters == set() and sim.ts("a").dependents == set()
+    assert set(sim.ts("a").waiters) == set() and set(sim.ts("a").dependents) == set()
 
 
 def test_queued_to_released_leaves_a_stale_queue_entry_that_is_skipped():
@@ -493,3 +493,35 @@ def test_wide_fan_in_runs_to_completion():
     assert sum(ws.tasks_run for ws in sim.s.workers.values()) == 41
     sim.release("total")
     assert sim.s.tasks == {} and sim.s.groups == {}
+
+
+def test_wide_fan_out_runs_to_completion():
+    # More dependents than SMALL: "x"'s dependents and waiters become sets, then empty.
+    sim = Sim({addr(i): 2 for i in range(1, 4)})
+    n = SMALL * 2 + 1
+    sim.submit(
+        {"x": [], **{f"y-{i}": ["x"] for i in range(n)}}, wanted=[f"y-{i}" for i in range(n)]
+    )
+    assert type(sim.ts("x").dependents) is set and len(sim.ts("x").waiters) == n
+    sim.run_all()
+    assert sim.states() == {"x": "released", **{f"y-{i}": "memory" for i in range(n)}}
+    assert sim.ts("x").waiters == () and len(sim.ts("x").dependents) == n
+    sim.release(*[f"y-{i}" for i in range(n - 1)])
+    assert set(sim.ts("x").dependents) == {sim.ts(f"y-{n - 1}")}  # a set stays one till empty
+    sim.release(f"y-{n - 1}")
+    assert sim.s.tasks == {} and sim.s.groups == {}
+
+
+def test_members_are_distinct_in_a_tuple_while_small_then_a_set():
+    members: Members[int] = ()
+    for i in range(SMALL):
+        members = added(added(members, i), i)
+        assert members == tuple(range(i + 1))
+    members = added(members, SMALL)
+    assert members == set(range(SMALL + 1))
+    assert added(members, 0) is members and discarded(members, 0) is members
+    for i in range(1, SMALL + 1):
+        members = discarded(discarded(members, i), i)
+    assert members == ()  # not an empty set
+    assert discarded((1, 2, 3), 2) == (1, 3) and discarded((1,), 1) == ()
+    assert discarded((1, 3), 2) == (1, 3)

@@ -12,7 +12,8 @@ client wants. One function id is shared by every task; payloads are 40-100 bytes
 The wire bytes are made first, in a child process, so that building them leaves no
 freed memory behind in the measuring process. Each measurement then runs in its own
 child: one with tracemalloc (exact Python allocations, but slow, and tracemalloc's own
-bookkeeping inflates RSS), one without (RSS growth, and ingestion time).
+bookkeeping inflates RSS), one without (RSS growth, and ingestion time). Both use the
+scheduler server's garbage collector settings.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import psutil
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
 from shoal.protocol.framing import decode_body, encode_body
+from shoal.server.scheduler import tune_gc
 
 FANIN = 16
 FID = "5f2d0c4b9a8e7d6c5b4a3f2e"  # a 24-hex function id, as serialize.function_id makes
@@ -114,6 +116,7 @@ def rss() -> int:
 
 def measure(path: str, trace: bool) -> dict[str, float]:
     bodies = read_wire(path)
+    tune_gc()  # as the scheduler server does at startup
     s = SchedulerState(DropComm())
     s.add_worker("tcp://10.0.0.1:40001", "w1", 1, 2**30, "w1")
     s.add_worker("tcp://10.0.0.2:40001", "w2", 1, 2**30, "w2")

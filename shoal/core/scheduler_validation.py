@@ -50,7 +50,8 @@ def validate_scheduler_state(state: SchedulerState) -> None:
                 check(n <= SMALL, "a tuple of members past SMALL", ts)
                 check(n < 2 or len(set(members)) == n, "a member listed twice", ts)
             else:
-                check(type(members) is set and bool(members), "members not a tuple or set", ts)
+                ok = type(members) is set and bool(members)
+                check(ok, "members neither a tuple nor a non-empty set", ts)
         for dts in ts.dependencies:
             check(ts in dts.dependents, "dependency does not list its dependent", ts)
             check(dts.key in state.tasks, "dependency was forgotten", ts)

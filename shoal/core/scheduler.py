@@ -18,11 +18,14 @@ from typing import Any
 from shoal.core.comm import Comm
 from shoal.core.placement import Placement
 from shoal.core.scheduler_model import (
+    SMALL,
     ClientRecord,
     TaskGroup,
     TaskPrefix,
     TaskState,
     WorkerRecord,
+    added,
+    discarded,
     key_split,
 )
 from shoal.core.scheduler_validation import validate_scheduler_state
@@ -35,15 +38,17 @@ Recs = dict[TaskState, str]
 NO_RESOURCES: dict[str, float] = {}  # what an unrestricted ComputeTask carries (never mutated)
 
 
-def _task_functions(spec: m.TaskSpec) -> str | tuple[str, ...]:
-    """The function id a task calls, or a tuple of it and the ids its payload uses:
-    a plain str for the common single-function task keeps the record small."""
+def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str, ...]:
+    """The function id a task calls, or a tuple of it and the ids its payload uses (a
+    plain str for the common single-function task keeps the record small). Ids and
+    tuples are the scheduler's shared copies, not one per task."""
     if not spec.funcs:
-        return spec.func
-    return tuple(dict.fromkeys((spec.func, *spec.funcs)))
+        return shared.get(spec.func, spec.func)
+    ids = tuple(dict.fromkeys(shared.get(f, f) for f in (spec.func, *spec.funcs)))
+    return shared.setdefault(ids, ids)
 
 
-def _function_ids(func: str | tuple[str, ...]) -> tuple[str, ...]:
+def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     if type(func) is str:
         return (func,) if func else ()
     return func  # type: ignore[return-value]
@@ -64,6 +69,9 @@ class SchedulerState(Placement):
         self.workers: dict[str, WorkerRecord] = {}
         self.clients: dict[str, ClientRecord] = {}
         self.functions: dict[str, bytes] = {}
+        # One str object per function id, which every task naming it shares: a task's
+        # decoded copy would cost ~73 bytes per task.
+        self._function_ids: dict[Any, Any] = {}  # shared copies of ids and id tuples
         self.log = StoryLog()
         self._init_placement()
         self._generation = itertools.count()
@@ -156,7 +164,7 @@ class SchedulerState(Placement):
             recs.update(self._transition(ts, "released", stimulus_id))
         lost = []
         for ts in ws.has_what:
-            ts.who_has.discard(ws)
+            ts.who_has = discarded(ts.who_has, ws)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         ws.has_what = set()
@@ -206,40 +214,53 @@ class SchedulerState(Placement):
     def _submit_tasks(self, cs: ClientRecord, msg: m.SubmitTasks) -> None:
         stimulus_id = msg.stimulus_id
         self.functions.update(msg.functions)
+        fids = self._function_ids
+        for fid in msg.functions:
+            fids.setdefault(fid, fid)
         generation = next(self._generation)
         tasks = self.tasks
         new: list[tuple[TaskState, list[Key]]] = []
         for i, spec in enumerate(msg.tasks):
-            ts = tasks.get(spec.key)
+            key = spec.key
+            ts = tasks.get(key)
             if ts is None:
+                group = self._group(spec.group or key)
+                if type(key) is tuple and key and key[0] == group.name:
+                    # The group's copy of the name, not one per key (~90 bytes each).
+                    key = (group.name, *key[1:])
                 ts = TaskState(
-                    spec.key,
-                    _task_functions(spec),
+                    key,
+                    _task_functions(spec, fids),
                     spec.payload,
-                    self._group(spec.group or spec.key),
+                    group,
                     (-spec.priority, generation, i),
                     spec.retries,
                 )
                 if spec.restrictions is not None:
                     ts.restrictions = self._restrictions(spec.restrictions)
-                tasks[spec.key] = ts
+                tasks[key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
-                ts.func, ts.payload = _task_functions(spec), spec.payload
+                ts.func, ts.payload = _task_functions(spec, fids), spec.payload
                 if spec.restrictions is not None:
                     ts.restrictions = self._restrictions(spec.restrictions)
         recs: Recs = {}
         errs: Recs = {}
         for ts, deps in new:
             missing = []
-            for dk in deps:
-                dts = tasks.get(dk)
-                if dts is None:
-                    missing.append(dk)
-                    continue
-                ts.dependencies.add(dts)
-                dts.dependents.add(ts)
-            unsent = [fid for fid in _function_ids(ts.func) if fid not in self.functions]
+            if deps:
+                found = []
+                for dk in deps:
+                    dts = tasks.get(dk)
+                    if dts is None:
+                        missing.append(dk)
+                    else:
+                        found.append(dts)
+                # A key named twice is one dependency.
+                ts.dependencies = tuple(dict.fromkeys(found) if len(found) > 1 else found)
+                for dts in ts.dependencies:
+                    dts.dependents = added(dts.dependents, ts)
+            unsent = [fid for fid in _fids_of(ts.func) if fid not in self.functions]
             if missing or unsent:
                 if missing:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
@@ -301,10 +322,11 @@ class SchedulerState(Placement):
         keys = sorted(repr(ts.key) for ts in pending)
         shown = ", ".join(keys[:20]) + (", ..." if len(keys) > 20 else "")
         for ts in pending:
-            for dts in list(ts.dependencies):
-                if dts in pending:
-                    ts.dependencies.discard(dts)
-                    dts.dependents.discard(ts)
+            cut = [dts for dts in ts.dependencies if dts in pending]
+            if cut:
+                ts.dependencies = tuple(d for d in ts.dependencies if d not in pending)
+                for dts in cut:
+                    dts.dependents = discarded(dts.dependents, ts)
         for ts in pending:
             problem = f"is on or after a dependency cycle among the keys {shown}"
             ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
@@ -312,7 +334,7 @@ class SchedulerState(Placement):
             errs[ts] = "erred"
 
     def _want(self, cs: ClientRecord, ts: TaskState, stimulus_id: str) -> None:
-        ts.who_wants.add(cs)
+        ts.who_wants = added(ts.who_wants, cs)
         cs.wants.add(ts)
         if ts.state == "memory":
             self.comm.send_client(
@@ -344,7 +366,7 @@ class SchedulerState(Placement):
     ) -> None:
         recs: Recs = {}
         for ts in tasks:
-            ts.who_wants.discard(cs)
+            ts.who_wants = discarded(ts.who_wants, cs)
             cs.wants.discard(ts)
             if not ts.who_wants and not ts.waiters:
                 recs[ts] = "forgotten" if not ts.dependents else "released"
@@ -374,7 +396,7 @@ class SchedulerState(Placement):
                 self.tasks[key] = ts
             if ws is None:  # the worker left meanwhile: this copy is gone
                 if ts.state == "released" and ts.payload is None:  # and it was the only one
-                    ts.who_wants.add(cs)
+                    ts.who_wants = added(ts.who_wants, cs)
                     cs.wants.add(ts)
                     self._lost_data_error(ts, msg.stimulus_id)
                 else:  # held elsewhere, or computable: as if the client just wanted it
@@ -520,13 +542,13 @@ class SchedulerState(Placement):
         if not ts.who_has:
             ts.nbytes = nbytes
         if ws not in ts.who_has:
-            ts.who_has.add(ws)
+            ts.who_has = added(ts.who_has, ws)
             ws.has_what.add(ts)
             ws.nbytes += ts.nbytes
 
     def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None:
         if ws in ts.who_has:
-            ts.who_has.discard(ws)
+            ts.who_has = discarded(ts.who_has, ws)
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
 
@@ -607,16 +629,18 @@ class SchedulerState(Placement):
                 ts.exception, ts.traceback = dts.exception, dts.traceback
                 return {ts: "erred"}
         recs: Recs = {}
-        waiting_on = ts.waiting_on
+        waiting_on = []
         for dts in ts.dependencies:
-            dts.waiters.add(ts)
+            dts.waiters = added(dts.waiters, ts)
             state = dts.state
             if state == "memory":
                 continue
-            waiting_on.add(dts)
+            waiting_on.append(dts)
             if state == "released":
                 recs[dts] = "waiting"
-        if not waiting_on:
+        if waiting_on:  # distinct, as dependencies are
+            ts.waiting_on = tuple(waiting_on) if len(waiting_on) <= SMALL else set(waiting_on)
+        else:
             recs[ts] = self._ready_state(ts)
         return recs
 
@@ -665,10 +689,10 @@ class SchedulerState(Placement):
         """``ts`` no longer needs its dependencies' data."""
         recs: Recs = {}
         for dts in ts.dependencies:
-            dts.waiters.discard(ts)
+            dts.waiters = discarded(dts.waiters, ts)
             if not dts.waiters and not dts.who_wants and dts.state != "released":
                 recs[dts] = "released"
-        ts.waiting_on.clear()
+        ts.waiting_on = ()
         return recs
 
     def _transition_waiting_released(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -691,8 +715,8 @@ class SchedulerState(Placement):
             recs.update(self._leave_dependencies(ts))
         else:
             for dts in ts.dependencies:
-                dts.waiters.discard(ts)  # re-added on the way back to waiting
-        ts.waiting_on.clear()
+                dts.waiters = discarded(dts.waiters, ts)  # re-added on the way back to waiting
+        ts.waiting_on = ()
         recs.update(self._forget_or_keep(ts))
         return recs
 
@@ -714,11 +738,11 @@ class SchedulerState(Placement):
         recs: Recs = {}
         for dts in ts.dependents:
             if dts.state == "waiting":
-                dts.waiting_on.discard(ts)
+                dts.waiting_on = discarded(dts.waiting_on, ts)
                 if not dts.waiting_on:
                     recs[dts] = self._ready_state(dts)
         for dts in ts.dependencies:
-            dts.waiters.discard(ts)
+            dts.waiters = discarded(dts.waiters, ts)
             if not dts.waiters and not dts.who_wants:
                 recs[dts] = "released"
         if ts.who_wants:
@@ -734,7 +758,7 @@ class SchedulerState(Placement):
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
             self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
-        ts.who_has.clear()
+        ts.who_has = ()
         ts.state = "released"
         ts.group.nbytes -= ts.nbytes
         ts.prefix.nbytes -= ts.nbytes
@@ -742,7 +766,7 @@ class SchedulerState(Placement):
         for dts in ts.dependents:
             state = dts.state
             if state == "waiting":
-                dts.waiting_on.add(ts)
+                dts.waiting_on = added(dts.waiting_on, ts)
             elif state in ("processing", "queued"):
                 recs[dts] = "released"  # it will wait for this one again
         recs.update(self._forget_or_keep(ts))
@@ -788,7 +812,7 @@ class SchedulerState(Placement):
                 dts.exception_blame = blame
                 dts.exception, dts.traceback = ts.exception, ts.traceback
                 recs[dts] = "erred"
-        ts.waiters.clear()
+        ts.waiters = ()
         if not ts.who_wants:
             recs[ts] = "forgotten" if not ts.dependents else "released"
         return recs
@@ -816,11 +840,11 @@ class SchedulerState(Placement):
             group.prefix.ngroups -= 1
         recs: Recs = {}
         for dts in ts.dependencies:
-            dts.dependents.discard(ts)
-            dts.waiters.discard(ts)
+            dts.dependents = discarded(dts.dependents, ts)
+            dts.waiters = discarded(dts.waiters, ts)
             if not dts.dependents and not self._needed(dts) and dts.state != "forgotten":
                 recs[dts] = "forgotten"
-        ts.dependencies.clear()
+        ts.dependencies = ()
         return recs
 
     # ------------------------------------------------------------------ invariants

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shoal.protocol.messages import Key, Payload
 
@@ -156,6 +156,41 @@ def parse_host(address: str) -> str:
     return rest.rsplit(":", 1)[0]
 
 
+_T = TypeVar("_T")
+
+# A task's dependents, waiters, holders, ... are a tuple of distinct members while they
+# are few, a set beyond SMALL: most have none or one, and a tuple costs 40 + 8 bytes per
+# member where even an empty set costs 216. They change only through added/discarded.
+SMALL = 8
+Members = tuple[_T, ...] | set[_T]
+
+
+def added(members: Members[_T], x: _T) -> Members[_T]:
+    """``members`` with ``x`` in it: the same set, or a new tuple (a new set past SMALL)."""
+    if not members:
+        return (x,)
+    if type(members) is set:
+        members.add(x)
+        return members
+    if x in members:
+        return members
+    if len(members) < SMALL:
+        return (*members, x)
+    return {*members, x}
+
+
+def discarded(members: Members[_T], x: _T) -> Members[_T]:
+    """``members`` without ``x``: the same set, or a new tuple (once empty, ())."""
+    if type(members) is set:
+        members.discard(x)
+        return members if members else ()
+    if x not in members:
+        return members
+    if len(members) == 1:
+        return ()
+    return tuple([y for y in members if y is not x])
+
+
 class TaskState:
     __slots__ = (
         "key",
@@ -197,12 +232,13 @@ class TaskState:
         self.prefix = group.prefix
         self.func = func
         self.payload = payload  # None: data with no way to recompute it (scattered)
-        self.dependencies: set[TaskState] = set()
-        self.dependents: set[TaskState] = set()
-        self.waiting_on: set[TaskState] = set()  # dependencies not yet in memory
-        self.waiters: set[TaskState] = set()  # dependents that still need this result
-        self.who_wants: set[ClientRecord] = set()
-        self.who_has: set[WorkerRecord] = set()
+        # Fixed once made (cut only to break a cycle): a tuple of one costs 48 bytes.
+        self.dependencies: tuple[TaskState, ...] = ()
+        self.dependents: Members[TaskState] = ()
+        self.waiting_on: Members[TaskState] = ()  # dependencies not yet in memory
+        self.waiters: Members[TaskState] = ()  # dependents that still need this result
+        self.who_wants: Members[ClientRecord] = ()
+        self.who_has: Members[WorkerRecord] = ()
         self.processing_on: WorkerRecord | None = None
         self.priority = priority
         self.retries = retries

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shoal.core.placement import SLACK, Restrictions
-from shoal.core.scheduler_model import TaskState
+from shoal.core.scheduler_model import SMALL, TaskState
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
@@ -22,6 +22,17 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             story = state.log.story(ts.key)[-10:] if ts is not None else []
             raise InvalidState(f"{what}: {ts!r}\n{story}")
 
+    long_deps: dict[TaskState, set[TaskState]] = {}
+
+    def depends_on(ts: TaskState, dts: TaskState) -> bool:
+        deps = ts.dependencies
+        if len(deps) < 32:
+            return dts in deps
+        found = long_deps.get(ts)  # a long tuple is scanned once, not once per dependency
+        if found is None:
+            found = long_deps[ts] = set(deps)
+        return dts in found
+
     counts: dict[str, dict[str, int]] = {}
     nqueued = 0
     # Tasks of graphs still arriving in parts wait, released, for the rest.
@@ -35,13 +46,25 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(st != "forgotten", "forgotten task still held", ts)
         c = counts.setdefault(ts.group.name, {})
         c[st] = c.get(st, 0) + 1
+        deps = ts.dependencies
+        check(type(deps) is tuple, "dependencies not a tuple", ts)
+        if len(deps) > 1:
+            check(len(set(deps)) == len(deps), "a dependency listed twice", ts)
+        for members in (ts.dependents, ts.waiting_on, ts.waiters, ts.who_wants, ts.who_has):
+            if type(members) is tuple:
+                n = len(members)
+                check(n <= SMALL, "a tuple of members past SMALL", ts)
+                check(n < 2 or len(set(members)) == n, "a member listed twice", ts)
+            else:
+                ok = type(members) is set and bool(members)
+                check(ok, "members neither a tuple nor a non-empty set", ts)
         for dts in ts.dependencies:
             check(ts in dts.dependents, "dependency does not list its dependent", ts)
             check(dts.key in state.tasks, "dependency was forgotten", ts)
         for dts in ts.dependents:
-            check(ts in dts.dependencies, "dependent does not list its dependency", ts)
+            check(depends_on(dts, ts), "dependent does not list its dependency", ts)
         for dts in ts.waiters:
-            check(ts in dts.dependencies, "waiter is not a dependent", ts)
+            check(depends_on(dts, ts), "waiter is not a dependent", ts)
             check(dts.state in ("waiting", "queued", "processing"), "idle waiter", dts)
         if st in ("waiting", "queued", "processing"):
             for dts in ts.dependencies:

@@ -13,7 +13,8 @@ import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim, addr, kinds
 
 from shoal.core.placement import MAX_PER_THREAD, QUEUE_HORIZON
-from shoal.core.scheduler_model import UNKNOWN_DURATION
+from shoal.core.scheduler_model import SMALL, UNKNOWN_DURATION, Members, added, discarded
+from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.messages import (
     ComputeTask,
     DepInfo,
@@ -21,6 +22,8 @@ from shoal.protocol.messages import (
     FunctionDefs,
     KeyInMemory,
     Payload,
+    SubmitTasks,
+    TaskSpec,
 )
 
 
@@ -52,7 +55,7 @@ def test_root_task_released_waiting_queued_processing_memory():
         ("processing", "memory", "done-a"),
     ]
     ts = sim.ts("a")
-    assert ts.who_has == {sim.ws(W1)} and ts.nbytes == 16
+    assert set(ts.who_has) == {sim.ws(W1)} and ts.nbytes == 16
     assert sim.ws(W1).has_what == {ts} and sim.ws(W1).nbytes == 16
     assert sim.ws(W1).tasks_run == 1 and sim.ws(W1).processing == set()
 
@@ -61,8 +64,8 @@ def test_dependent_goes_waiting_to_processing_with_dep_info():
     sim = Sim()
     sim.submit({"a": [], "b": ["a"]}, wanted=["b"])
     assert sim.states() == {"a": "processing", "b": "waiting"}
-    assert sim.ts("b").waiting_on == {sim.ts("a")}
-    assert sim.ts("a").waiters == {sim.ts("b")}
+    assert set(sim.ts("b").waiting_on) == {sim.ts("a")}
+    assert set(sim.ts("a").waiters) == {sim.ts("b")}
     sim.clear()
     sim.finish("a", nbytes=100)
     assert sim.states() == {"a": "memory", "b": "processing"}
@@ -84,6 +87,22 @@ def test_dependent_goes_waiting_to_processing_with_dep_info():
     assert sim.ws(W1).has_what == {sim.ts("b")} and sim.ws(W1).nbytes == 8
 
 
+def test_a_dependency_named_twice_is_one_dependency():
+    sim = Sim()
+    sim.submit({"a": [], "b": ["a", "a"]}, wanted=["b"])
+    assert sim.ts("b").dependencies == (sim.ts("a"),)
+    assert sim.ts("a").dependents == sim.ts("a").waiters == (sim.ts("b"),)
+    sim.clear()
+    sim.finish("a", nbytes=100)
+    assert sim.to_worker(W1) == [
+        ComputeTask("b", "f", ARGS, (0, 0, 1), [DepInfo("a", 100, [W1])], "done-a")
+    ]
+    sim.finish("b")
+    assert sim.states() == {"a": "released", "b": "memory"}
+    sim.release("b")
+    assert sim.states() == {}
+
+
 def test_waiting_to_released_and_forgotten():
     sim = Sim()
     sim.submit({"a": [], "b": ["a"]})
@@ -93,7 +112,7 @@ def test_waiting_to_released_and_forgotten():
         ("waiting", "released", "rel"),
         ("released", "forgotten", "rel"),
     ]
-    assert sim.ts("a").waiters == set() and sim.ts("a").dependents == set()
+    assert set(sim.ts("a").waiters) == set() and set(sim.ts("a").dependents) == set()
 
 
 def test_queued_to_released_leaves_a_stale_queue_entry_that_is_skipped():
@@ -415,6 +434,38 @@ def test_function_defs_sent_once_per_worker_per_function():
     assert sim.ws(W3).known_functions == {"g"}
 
 
+def test_tasks_share_one_copy_of_their_function_id():
+    # Decoded from the wire, each task's function id is a str of its own; the scheduler
+    # keeps one copy per function instead of one per task.
+    sim = Sim()
+    fid = "5f2d0c4b9a8e7d6c5b4a3f2e"
+    for keys, functions in [("ab", {fid: b"F"}), ("c", {})]:
+        specs = [TaskSpec(k, fid, ARGS) for k in keys]
+        (msg,) = decode_body(encode_body([SubmitTasks(specs, list(keys), functions, "s")]))
+        assert msg.tasks[0].func == fid and msg.tasks[0].func is not fid
+        sim.s.handle_client("c", msg)
+    assert len({id(sim.ts(k).func) for k in "abc"}) == 1 and sim.ts("a").func == fid
+
+
+def test_tuple_keys_share_their_group_name():
+    # Likewise each decoded tuple key has its own copy of the name: tasks keep the group's.
+    sim = Sim()
+    name = "ones-5f2d0c4b9a8e7d6c5b4a3f2e5f2d0c4b"
+    specs = [TaskSpec((name, i), "f", ARGS) for i in range(3)]
+    specs.append(TaskSpec((name, 3), "f", ARGS, [(name, 0)], group="other"))
+    msg = SubmitTasks(specs, [s.key for s in specs], FUNCS, "s")
+    (msg,) = decode_body(encode_body([msg]))
+    sim.s.handle_client("c", msg)
+    group = sim.s.groups[name]
+    for i in range(3):
+        ts = sim.ts((name, i))
+        assert ts.key == (name, i) and ts.key[0] is group.name and ts.group is group
+    assert sim.ts((name, 3)).key[0] is not group.name  # not its group's name: kept as sent
+    assert sim.ts((name, 3)).dependencies == (sim.ts((name, 0)),)
+    sim.run_all()
+    assert sim.states() == {(name, i): "memory" for i in range(4)}
+
+
 def test_a_rejoining_worker_gets_its_functions_again():
     sim = Sim()
     sim.submit({"a": []})
@@ -442,3 +493,35 @@ def test_wide_fan_in_runs_to_completion():
     assert sum(ws.tasks_run for ws in sim.s.workers.values()) == 41
     sim.release("total")
     assert sim.s.tasks == {} and sim.s.groups == {}
+
+
+def test_wide_fan_out_runs_to_completion():
+    # More dependents than SMALL: "x"'s dependents and waiters become sets, then empty.
+    sim = Sim({addr(i): 2 for i in range(1, 4)})
+    n = SMALL * 2 + 1
+    sim.submit(
+        {"x": [], **{f"y-{i}": ["x"] for i in range(n)}}, wanted=[f"y-{i}" for i in range(n)]
+    )
+    assert type(sim.ts("x").dependents) is set and len(sim.ts("x").waiters) == n
+    sim.run_all()
+    assert sim.states() == {"x": "released", **{f"y-{i}": "memory" for i in range(n)}}
+    assert sim.ts("x").waiters == () and len(sim.ts("x").dependents) == n
+    sim.release(*[f"y-{i}" for i in range(n - 1)])
+    assert set(sim.ts("x").dependents) == {sim.ts(f"y-{n - 1}")}  # a set stays one till empty
+    sim.release(f"y-{n - 1}")
+    assert sim.s.tasks == {} and sim.s.groups == {}
+
+
+def test_members_are_distinct_in_a_tuple_while_small_then_a_set():
+    members: Members[int] = ()
+    for i in range(SMALL):
+        members = added(added(members, i), i)
+        assert members == tuple(range(i + 1))
+    members = added(members, SMALL)
+    assert members == set(range(SMALL + 1))
+    assert added(members, 0) is members and discarded(members, 0) is members
+    for i in range(1, SMALL + 1):
+        members = discarded(discarded(members, i), i)
+    assert members == ()  # not an empty set
+    assert discarded((1, 2, 3), 2) == (1, 3) and discarded((1,), 1) == ()
+    assert discarded((1, 3), 2) == (1, 3)

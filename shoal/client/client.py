@@ -75,8 +75,7 @@ class Client:
         self._states: dict[Key, FutureState] = {}
         self._refs: dict[Key, int] = {}
         self._refs_lock = threading.Lock()
-        self._cancels = 0  # cancel calls so far
-        self._cancel_numbers: dict[str, int] = {}  # a cancel's stimulus_id: its number
+        self._cancels = 0  # cancel calls so far; the n-th one's stimulus_id is "cancel-n-..."
         self._outbox: deque[m.Message] = deque()
         self._outbox_lock = threading.Lock()
         self._submit_lock = threading.Lock()
@@ -313,7 +312,7 @@ class Client:
                 if st is not None:
                     # The answer to one of our cancels is about the futures of that time,
                     # not those of a key submitted again since.
-                    n = self._cancel_numbers.get(msg.stimulus_id)  # type: ignore[attr-defined]
+                    n = _cancel_number(msg.stimulus_id)  # type: ignore[attr-defined]
                     if n is None or st.born < n:
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
             elif t is m.Refused:  # the scheduler is closing this connection: say why
@@ -468,8 +467,7 @@ class Client:
                         m.SubmitTasks(unique, [] if not last else wanted, functions, sid, not last)
                     )
                     sent = True
-                    if following is not None:
-                        part = following
+                    part = following  # type: ignore[assignment]
             except BaseException:
                 if sent:
                     self._send(m.SubmitTasks([], [], {}, sid))  # wants nothing: dropped
@@ -520,7 +518,6 @@ class Client:
         with self._refs_lock:
             self._cancels += 1
             stimulus_id = f"cancel-{self._cancels}-{uuid.uuid4().hex[:8]}"
-            self._cancel_numbers[stimulus_id] = self._cancels
         msg = m.CancelKeys(keys, stimulus_id=stimulus_id)
 
         async def cancel() -> None:
@@ -742,6 +739,14 @@ class Client:
 
 def _update_data(request_id: int, keys: list[Key], payloads: list[m.Payload]) -> m.Message:
     return m.UpdateData(request_id, keys, payloads)
+
+
+def _cancel_number(stimulus_id: str) -> int | None:
+    """Which of this client's cancel calls a scheduler notice answers, if any."""
+    if not stimulus_id.startswith("cancel-"):
+        return None
+    number = stimulus_id.split("-", 2)[1]
+    return int(number) if number.isdigit() else None
 
 
 def _future_key(f: Future) -> Key:

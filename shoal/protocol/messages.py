@@ -19,7 +19,8 @@ import msgspec
 
 # 2: task restrictions and worker resources. An older peer would silently drop the new
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
-PROTOCOL_VERSION = 2
+# 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
+PROTOCOL_VERSION = 3
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -225,6 +226,9 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     nbytes: int
     tasks_run: int
     resources: dict[str, float] = {}
+    pid: int = 0
+    status: str = "running"  # "running" | "paused" | "retiring"
+    memory: int = 0  # process memory at the last heartbeat
 
 
 class InfoReply(Message):
@@ -330,6 +334,83 @@ class Ack(Message):
     nbytes: list[int] = []
 
 
+# ---------------------------------------------------------------- liveness and faults
+
+
+class Heartbeat(Message):
+    """Worker or client -> scheduler, every ``interval`` seconds: I am alive. A worker
+    adds its process memory, its spilled bytes and how many tasks it is running."""
+
+    request_id: int
+    memory: int = 0
+    spilled: int = 0
+    executing: int = 0
+
+
+class HeartbeatReply(Message):
+    """Scheduler -> sender: the scheduler is alive too, and when to beat next (the
+    interval grows with the size of the cluster)."""
+
+    request_id: int
+    interval: float
+
+
+class WorkerStatus(Message):
+    """Worker -> scheduler: "paused" (memory over the pause fraction: start nothing new,
+    assign it nothing new) or "running" again."""
+
+    status: str
+    stimulus_id: str = ""
+
+
+class WorkerExited(Message):
+    """Nanny -> scheduler: the worker it supervises exited (or was killed)."""
+
+    address: str
+    name: str
+    reason: str
+    restarting: bool = False
+    stimulus_id: str = ""
+
+
+class KeyUnserializable(Message):
+    """Worker -> scheduler: the result of ``key`` could not be pickled (to send it or to
+    spill it). The scheduler errs the task with ``reason``; the worker has dropped it."""
+
+    key: Key
+    reason: str
+    stimulus_id: str = ""
+
+
+class RetireWorkers(Message):
+    """Client -> scheduler: retire these workers (addresses or names) gracefully."""
+
+    request_id: int
+    workers: list[str]
+    close: bool = True
+
+
+class RetireReply(Message):
+    request_id: int
+    retired: list[str]
+    refused: dict[str, str] = {}  # worker -> why it was kept
+
+
+class CopyKeys(Message):
+    """Scheduler -> worker: fetch replicas of these keys from their holders and keep
+    them (used to move data off a retiring worker)."""
+
+    deps: list[DepInfo]
+    stimulus_id: str = ""
+
+
+class CloseWorker(Message):
+    """Scheduler -> worker: close now (after retirement); the nanny does not restart it."""
+
+    reason: str
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -357,6 +438,15 @@ AnyMessage = (
     | DataReply
     | UpdateData
     | Ack
+    | Heartbeat
+    | HeartbeatReply
+    | WorkerStatus
+    | WorkerExited
+    | KeyUnserializable
+    | RetireWorkers
+    | RetireReply
+    | CopyKeys
+    | CloseWorker
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

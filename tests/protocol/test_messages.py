@@ -131,6 +131,29 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     ),
     m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
     m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
+    m.Heartbeat: m.Heartbeat(request_id=11, memory=2**31, spilled=1024, executing=3),
+    m.HeartbeatReply: m.HeartbeatReply(request_id=11, interval=0.5),
+    m.WorkerStatus: m.WorkerStatus(status="paused", stimulus_id="s-12"),
+    m.WorkerExited: m.WorkerExited(
+        address="tcp://127.0.0.1:4000",
+        name="0",
+        reason="killed by signal 9",
+        restarting=True,
+        stimulus_id="s-16",
+    ),
+    m.KeyUnserializable: m.KeyUnserializable(
+        key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
+    ),
+    m.RetireWorkers: m.RetireWorkers(
+        request_id=13, workers=["0", "tcp://127.0.0.1:4001"], close=False
+    ),
+    m.RetireReply: m.RetireReply(
+        request_id=13, retired=["tcp://127.0.0.1:4001"], refused={"0": "no other worker"}
+    ),
+    m.CopyKeys: m.CopyKeys(
+        deps=[m.DepInfo(key="a", nbytes=8, who_has=["tcp://127.0.0.1:4001"])], stimulus_id="s-14"
+    ),
+    m.CloseWorker: m.CloseWorker(reason="retired", stimulus_id="s-15"),
 }
 
 

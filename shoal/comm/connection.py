@@ -31,7 +31,7 @@ from shoal.protocol.framing import (
 logger = logging.getLogger("shoal.comm")
 
 FrameHandler = Callable[["Connection", Frame], None]
-_REPLIES = (m.DataReply, m.Ack, m.WhoHasReply, m.InfoReply)
+_REPLIES = (m.DataReply, m.Ack, m.WhoHasReply, m.InfoReply, m.HeartbeatReply, m.RetireReply)
 
 
 class CommClosedError(ConnectionError):

@@ -95,6 +95,9 @@ class Placement:
         self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
         self.nqueued = 0  # tasks in that queue (restricted ones wait in their Restrictions)
         self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
+        # Workers that may be given new tasks: not paused, not retiring. The indexes
+        # below hold only these.
+        self.runnable: dict[str, WorkerRecord] = {}
         self.by_alias: dict[str, set[WorkerRecord]] = {}  # address, name, host -> workers
         self.by_resource: dict[str, set[WorkerRecord]] = {}  # resource -> workers with some
         self.restricted: dict[Restrictions, None] = {}  # those with queued tasks, in order
@@ -106,14 +109,19 @@ class Placement:
     # ------------------------------------------------------------------ workers
 
     def _index_worker(self, ws: WorkerRecord) -> None:
+        """``ws`` may be given new tasks (it joined, or resumed)."""
+        self.runnable[ws.address] = ws
         for alias in ws.aliases:
             self.by_alias.setdefault(alias, set()).add(ws)
         for resource in ws.resources:
             self.by_resource.setdefault(resource, set()).add(ws)
-        self.free_workers.add(ws)
+        if self._is_free(ws):
+            self.free_workers.add(ws)
         self._retry_restricted = True  # room, perhaps the first valid worker
 
     def _unindex_worker(self, ws: WorkerRecord) -> None:
+        """``ws`` gets no new tasks (it left, paused or is retiring)."""
+        del self.runnable[ws.address]
         for index, names in ((self.by_alias, ws.aliases), (self.by_resource, ws.resources)):
             for name in names:
                 holders = index[name]
@@ -159,7 +167,7 @@ class Placement:
             ws.occupancy = 0.0  # no drift from float sums
             for resource in ws.used_resources:
                 ws.used_resources[resource] = 0.0
-        if ws.address in self.workers and self._is_free(ws):
+        if ws.address in self.runnable and self._is_free(ws):
             self.free_workers.add(ws)
         return ws
 
@@ -172,7 +180,7 @@ class Placement:
             allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
             if not allowed:
                 return None
-        elif not self.workers:
+        elif not self.runnable:
             return None
         local: dict[WorkerRecord, int] = {}
         total = 0
@@ -184,10 +192,10 @@ class Placement:
         if r is not None:
             candidates: Collection[WorkerRecord] = allowed
         else:
-            candidates = set(local)
+            candidates = {ws for ws in local if ws.address in self.runnable}
             candidates.update(self.free_workers)
             if not candidates:
-                candidates = set(self.workers.values())
+                candidates = set(self.runnable.values())
         best = None
         best_cost: tuple[float, int, str] | None = None
         for ws in candidates:
@@ -240,7 +248,7 @@ class Placement:
             some = self.by_resource.get(next(iter(r.resources)), ())
             capable: Collection[WorkerRecord] = [ws for ws in some if r.capable(ws)]
         else:
-            capable = self.workers.values()
+            capable = self.runnable.values()
         if not r.workers:
             return capable
         by_alias = self.by_alias

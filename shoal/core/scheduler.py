@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import itertools
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.core.comm import Comm
+from shoal.core.membership import (
+    DEFAULT_ALLOWED_FAILURES,
+    DEFAULT_WORKER_TTL,
+    Membership,
+)
 from shoal.core.placement import Placement
 from shoal.core.scheduler_model import (
     SMALL,
@@ -59,8 +64,14 @@ def error_payload(exc: BaseException) -> Payload:
     return Payload(PICKLE, pickle.dumps(exc, protocol=5))
 
 
-class SchedulerState(Placement):
-    def __init__(self, comm: Comm, validate: bool = False):
+class SchedulerState(Placement, Membership):
+    def __init__(
+        self,
+        comm: Comm,
+        validate: bool = False,
+        allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
+        worker_ttl: float = DEFAULT_WORKER_TTL,
+    ):
         self.comm = comm
         self.validate = validate
         self.tasks: dict[Key, TaskState] = {}
@@ -74,6 +85,7 @@ class SchedulerState(Placement):
         self._function_ids: dict[Any, Any] = {}  # shared copies of ids and id tuples
         self.log = StoryLog()
         self._init_placement()
+        self._init_membership(allowed_failures, worker_ttl)
         self._generation = itertools.count()
         self.transition_counter = 0
         self._table: dict[tuple[str, str], Callable[..., Recs]] = {
@@ -126,55 +138,14 @@ class SchedulerState(Placement):
         """End of one event: hand queued tasks to free threads, then check."""
         if self._retry_restricted:
             self._schedule_restricted(stimulus_id)
+        if self.retiring:
+            self._advance_retirements(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
         if self.validate:
             self.validate_state()
 
     # ------------------------------------------------------------------ events: membership
-
-    def add_worker(
-        self,
-        address: str,
-        name: str,
-        nthreads: int,
-        memory_limit: int,
-        stimulus_id: str,
-        resources: Mapping[str, float] | None = None,
-    ) -> WorkerRecord:
-        if address in self.workers:
-            raise ValueError(f"a worker at {address} is already registered")
-        ws = WorkerRecord(address, name, nthreads, memory_limit, resources)
-        self.workers[address] = ws
-        self._index_worker(ws)
-        self.log.append(("worker-added", address, stimulus_id))
-        # Tasks that could not be placed without workers may go now.
-        self._done(stimulus_id)
-        return ws
-
-    def remove_worker(self, address: str, stimulus_id: str) -> None:
-        ws = self.workers.pop(address, None)
-        if ws is None:
-            return
-        self._unindex_worker(ws)
-        self.log.append(("worker-removed", address, stimulus_id))
-        recs: Recs = {}
-        for ts in list(ws.processing):
-            self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
-            recs.update(self._transition(ts, "released", stimulus_id))
-        lost = []
-        for ts in ws.has_what:
-            ts.who_has = discarded(ts.who_has, ws)
-            if not ts.who_has and ts.state == "memory":
-                lost.append(ts)
-        ws.has_what = set()
-        ws.nbytes = 0
-        # Every lost key is released before anything is placed again: a recommendation
-        # could otherwise send a task off with a dependency still "in memory" nowhere.
-        for ts in lost:
-            recs.update(self._transition(ts, "released", stimulus_id))
-        self._transitions(recs, stimulus_id)
-        self._done(stimulus_id)
 
     def add_client(self, client_id: str) -> None:
         if client_id not in self.clients:
@@ -418,13 +389,17 @@ class SchedulerState(Placement):
         m.CancelKeys: _cancel_keys,
         m.WantKeys: _want_keys,
         m.ScatterDone: _scatter_done,
+        m.RetireWorkers: Membership._retire_workers,
     }
 
     # ------------------------------------------------------------------ events: workers
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:
-        """Apply a batch of messages from one worker."""
-        self._apply(self.workers[address], self._worker_handlers, msgs, "worker")
+        """Apply a batch of messages from one worker (none, if it was removed: a
+        retired or silent worker's last messages may still arrive)."""
+        ws = self.workers.get(address)
+        if ws is not None:
+            self._apply(ws, self._worker_handlers, msgs, "worker")
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)
@@ -487,6 +462,8 @@ class SchedulerState(Placement):
         m.TaskErred: _task_erred,
         m.AddKeys: _add_keys,
         m.MissingData: _missing_data,
+        m.WorkerStatus: Membership._worker_status,
+        m.KeyUnserializable: Membership._key_unserializable,
     }
 
     # ------------------------------------------------------------------ queries
@@ -510,6 +487,9 @@ class SchedulerState(Placement):
                 ws.nbytes,
                 ws.tasks_run,
                 ws.resources,
+                ws.pid,
+                ws.status,
+                ws.memory,
             )
             for ws in self.workers.values()
         ]
@@ -647,7 +627,7 @@ class SchedulerState(Placement):
     def _ready_state(self, ts: TaskState) -> str:
         if ts.restrictions is not None:
             return "queued"  # placed at the end of the event, in priority order
-        return "queued" if not ts.dependencies or not self.workers else "processing"
+        return "queued" if not ts.dependencies or not self.runnable else "processing"
 
     def _transition_waiting_queued(self, ts: TaskState, stimulus_id: str) -> Recs:
         ts.state = "queued"
@@ -832,6 +812,8 @@ class SchedulerState(Placement):
             return {}
         ts.state = "forgotten"
         del self.tasks[ts.key]
+        if self.suspicious:
+            self.suspicious.pop(ts, None)
         group = ts.group
         group.alive -= 1
         ts.prefix.alive -= 1

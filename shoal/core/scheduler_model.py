@@ -116,6 +116,11 @@ class WorkerRecord:
         "aliases",
         "resources",
         "used_resources",
+        "status",
+        "pid",
+        "memory",
+        "spilled",
+        "last_seen",
     )
 
     def __init__(
@@ -125,6 +130,8 @@ class WorkerRecord:
         nthreads: int,
         memory_limit: int,
         resources: Mapping[str, float] | None = None,
+        pid: int = 0,
+        now: float = 0.0,
     ):
         self.address = address
         self.name = name or address
@@ -144,6 +151,12 @@ class WorkerRecord:
         # Always allow a little more than one task per thread, so a thread never idles
         # for a round trip to the scheduler (Dask's worker-saturation of 1.1).
         self.min_slots = nthreads + max(1, nthreads // 10)
+        # "running"; "paused" (its memory is full) and "retiring" get no new tasks.
+        self.status = "running"
+        self.pid = pid
+        self.memory = 0  # process memory and spilled bytes at the last heartbeat
+        self.spilled = 0
+        self.last_seen = now  # when it last sent anything (the server's clock)
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"

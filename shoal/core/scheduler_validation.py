@@ -137,7 +137,13 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             abs(ws.occupancy - sum(t.estimate for t in ws.processing)) < 1e-6,
             f"occupancy of {ws.address}",
         )
-        check((ws in state.free_workers) == state._is_free(ws), f"free set: {ws.address}")
+        runnable = ws.status == "running"
+        check((ws.address in state.runnable) == runnable, f"runnable: {ws.address} {ws.status}")
+        check(
+            (ws in state.free_workers) == (runnable and state._is_free(ws)),
+            f"free set: {ws.address}",
+        )
+        check((ws.address in state.retiring) == (ws.status == "retiring"), f"{ws.address} retiring")
         held = dict.fromkeys(ws.resources, 0.0)
         for ts in ws.processing:
             if ts.restrictions is not None:
@@ -153,10 +159,14 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             f"more resources in use on {ws.address} than it has: {used} > {ws.resources}",
         )
         for alias in ws.aliases:
-            check(ws in state.by_alias.get(alias, ()), f"alias {alias} of {ws.address}")
+            indexed = ws in state.by_alias.get(alias, ())
+            check(indexed == runnable, f"alias {alias} of {ws.address}")
         for resource in ws.resources:
-            check(ws in state.by_resource.get(resource, ()), f"{resource} of {ws.address}")
+            indexed = ws in state.by_resource.get(resource, ())
+            check(indexed == runnable, f"{resource} of {ws.address}")
     for name, holders in state.by_alias.items():
-        check(all(name in ws.aliases and ws.address in state.workers for ws in holders), name)
+        check(all(name in ws.aliases and ws.address in state.runnable for ws in holders), name)
+    check(all(state.workers.get(a) is ws for a, ws in state.runnable.items()), "runnable index")
+    check(all(ts.key in state.tasks for ts in state.suspicious), "suspicious forgotten task")
     for resource, holders in state.by_resource.items():
         check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")

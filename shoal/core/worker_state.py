@@ -96,7 +96,7 @@ class UpdateDataEvent(WorkerEvent):
     stimulus_id: str
 
 
-Event = ComputeTask | FreeKeys | WorkerEvent
+Event = ComputeTask | FreeKeys | m.CopyKeys | WorkerEvent
 
 # --- instructions -----------------------------------------------------------------------
 
@@ -634,12 +634,32 @@ class WorkerState:
         for ts in lost:
             for dependent in sorted(ts.dependents, key=_order):
                 by_dependent.setdefault(dependent, []).append(ts.key)
+            ts.wanted = False  # a copy asked for (CopyKeys) that could not be had
             self._to_release.append(ts)
         for dependent, keys in by_dependent.items():
             self._out.append(SendMessage(m.MissingData(dependent.key, keys, sid), sid))
             dependent.wanted = False  # the scheduler reschedules it
             dependent.resume = None
             self._release(dependent, sid)
+
+    def _handle_copy_keys(self, ev: m.CopyKeys) -> None:
+        """Fetch replicas the scheduler asks for (data leaving a retiring worker); they
+        are reported with AddKeys once here, like any fetched key."""
+        sid = ev.stimulus_id
+        for d in ev.deps:
+            peers = [w for w in d.who_has if w != self.address]
+            ts = self.tasks.get(d.key)
+            if not peers or (ts is not None and ts.state not in ("released", "error")):
+                continue  # here, on its way, or being computed: reported when done
+            if ts is None:
+                ts = self.tasks[d.key] = WTask(d.key)
+            elif ts.state == "error":
+                self._transition(ts, "released", sid)
+            self._log((d.key, "CopyKeys", sid))
+            ts.nbytes = d.nbytes
+            ts.wanted = True  # kept once it arrives
+            self._transition(ts, "fetch", sid)
+            self._add_who_has(ts, peers)
 
     def _handle_update_data(self, ev: UpdateDataEvent) -> None:
         for key, value in ev.data.items():
@@ -751,4 +771,5 @@ WorkerState._HANDLERS = {
     GatherSuccess: WorkerState._handle_gather_success,
     GatherFailure: WorkerState._handle_gather_failure,
     UpdateDataEvent: WorkerState._handle_update_data,
+    m.CopyKeys: WorkerState._handle_copy_keys,
 }

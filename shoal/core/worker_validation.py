@@ -50,13 +50,13 @@ def validate_worker_state(state: WorkerState) -> None:
             heap_live = live if ts.resources is None else live_constrained
             _check(ts.ready_seq in heap_live, f"{where}: not in its ready heap")
         elif st == "fetch":
-            _check(ts.who_has and ts.dependents, where)
+            _check(ts.who_has and (ts.dependents or ts.wanted), where)  # wanted: a copy
             for w in ts.who_has:
                 _check(ts in state._data_needed.get(w, ()), f"{where}: data_needed")
         elif st == "flight" or (st == "cancelled" and ts.previous == "flight"):
             src = ts.coming_from or ""
             _check(any(t is ts for t in state._in_flight.get(src, ())), f"{where}: flight")
-            _check(st == "cancelled" or ts.dependents or ts.resume is not None, where)
+            _check(st == "cancelled" or ts.dependents or ts.wanted, where)
         elif st == "memory":
             n_memory += 1
             _check(not ts.who_has, f"{where}: who_has")

@@ -13,16 +13,21 @@ import itertools
 import json
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
 from shoal.comm.connection import Connection
 from shoal.comm.tcp import HandshakeError, check_hello, listen
+from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 
 logger = logging.getLogger("shoal.scheduler")
+
+
+CLIENT_HEARTBEAT = 2.0  # seconds between a client's heartbeats
 
 
 def tune_gc() -> None:
@@ -41,12 +46,16 @@ class Scheduler:
         port: int = 0,
         validate: bool = False,
         owns_process: bool = False,
+        allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
+        worker_ttl: float = DEFAULT_WORKER_TTL,
     ):
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
         self.host = host
         self.port = port
         self.id = f"scheduler-{uuid.uuid4().hex[:12]}"
-        self.state = SchedulerState(self, validate=validate)
+        self.state = SchedulerState(
+            self, validate=validate, allowed_failures=allowed_failures, worker_ttl=worker_ttl
+        )
         self.address = ""
         self._server: asyncio.Server | None = None
         self._workers: dict[str, Connection] = {}
@@ -54,6 +63,7 @@ class Scheduler:
         self._client_ids = itertools.count(1)
         self._closed = asyncio.Event()
         self._stimulus = itertools.count(1)
+        self._watchdog: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -80,6 +90,7 @@ class Scheduler:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
         self._server, self.address = await listen(self.host, self.port, self._accept)
+        self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -92,6 +103,8 @@ class Scheduler:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
             conn.close()
         self._closed.set()
@@ -117,6 +130,8 @@ class Scheduler:
             self._add_worker(conn, hello)
         elif hello.role == "client":
             self._add_client(conn, hello)
+        elif hello.role == "nanny":
+            self._add_nanny(conn)
         else:
             conn.abort(f"the scheduler does not accept role {hello.role!r}")
 
@@ -132,8 +147,11 @@ class Scheduler:
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name or address))
 
         def on_frame(conn: Connection, frame: Frame) -> None:
+            msgs = frame.messages
+            if any(type(msg) is m.Heartbeat for msg in msgs):
+                msgs = self._worker_heartbeats(address, conn, msgs)
             try:
-                self.state.handle_worker(address, *frame.messages)
+                self.state.handle_worker(address, *msgs)
             except TypeError as e:
                 raise ProtocolError(str(e)) from None
 
@@ -152,6 +170,8 @@ class Scheduler:
             hello.memory_limit,
             self._sid("worker-joined"),
             hello.resources,
+            pid=hello.pid,
+            now=time.monotonic(),
         )
         logger.info(
             "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources
@@ -166,7 +186,7 @@ class Scheduler:
         def on_frame(conn: Connection, frame: Frame) -> None:
             batch: list[m.Message] = []
             for msg in frame.messages:
-                if isinstance(msg, m.WhoHasRequest | m.InfoRequest):
+                if isinstance(msg, m.WhoHasRequest | m.InfoRequest | m.Heartbeat):
                     if batch:
                         self._client_batch(client_id, batch)
                         batch = []
@@ -189,9 +209,55 @@ class Scheduler:
         except TypeError as e:
             raise ProtocolError(str(e)) from None
 
-    def _answer(self, msg: m.WhoHasRequest | m.InfoRequest) -> m.Message:
+    def _answer(self, msg: m.WhoHasRequest | m.InfoRequest | m.Heartbeat) -> m.Message:
+        if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
+            return m.HeartbeatReply(msg.request_id, CLIENT_HEARTBEAT)
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
         return m.InfoReply(
             msg.request_id, self.id, self.address, self.state.worker_infos(), len(self.state.tasks)
         )
+
+    # ---------------------------------------------------------------- liveness
+
+    def _worker_heartbeats(
+        self, address: str, conn: Connection, msgs: list[m.Message]
+    ) -> list[m.Message]:
+        """Answer a worker's heartbeats; the rest of the batch goes to the core."""
+        rest = []
+        now = time.monotonic()
+        for msg in msgs:
+            if type(msg) is m.Heartbeat:
+                interval = self.state.heartbeat(address, msg, now)
+                conn.send(m.HeartbeatReply(msg.request_id, interval))
+            else:
+                rest.append(msg)
+        return rest
+
+    async def _check_heartbeats(self) -> None:
+        """Remove workers whose heartbeats stopped (a frozen process, a blocked loop, a
+        vanished host: nothing closes their connection for us)."""
+        while True:
+            ttl = self.state.worker_ttl_now()
+            await asyncio.sleep(min(1.0, ttl / 4))
+            for address in self.state.check_heartbeats(time.monotonic(), self._sid("ttl")):
+                conn = self._workers.pop(address, None)
+                if conn is not None:
+                    conn.abort(f"no heartbeat within the {ttl:.1f}s TTL: removed")
+
+    def _add_nanny(self, conn: Connection) -> None:
+        """A nanny reports the exits of the worker it supervises."""
+        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, "nanny"))
+
+        def on_frame(conn: Connection, frame: Frame) -> None:
+            for msg in frame.messages:
+                if type(msg) is not m.WorkerExited:
+                    raise ProtocolError(f"a nanny may not send {type(msg).__name__}")
+                logger.info("worker %s exited: %s", msg.address, msg.reason)
+                worker_conn = self._workers.pop(msg.address, None)
+                if worker_conn is not None:
+                    worker_conn.close()
+                sid = msg.stimulus_id or self._sid("worker-exited")
+                self.state.remove_worker(msg.address, sid, f"exited: {msg.reason}")
+
+        conn.set_handler(on_frame)

@@ -1,0 +1,334 @@
+"""Workers joining, pausing, going silent, dying and retiring: the membership half of
+:class:`~shoal.core.scheduler.SchedulerState` (a mixin, like placement).
+
+- A worker that dies (its connection drops, its nanny reports it, or its heartbeats
+  stop for longer than the TTL) is removed: its running tasks go back to be placed
+  elsewhere, keys only it held are recomputed (or err, if they cannot be). A task that
+  was running on ``allowed_failures + 1`` workers that died errs with KilledWorker.
+- A paused worker (memory over its pause fraction) and a retiring one keep their data
+  and finish what they run, but are given nothing new.
+- Retirement (``RetireWorkers``) copies every key only the retiring worker holds to
+  another worker, waits for its running tasks, then closes it; nothing counts as a
+  failure. It is refused, and the worker keeps working, when no other worker can
+  take its data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from shoal.core.comm import Comm
+from shoal.core.scheduler_model import ClientRecord, TaskState, WorkerRecord, discarded
+from shoal.core.story import StoryLog
+from shoal.protocol import messages as m
+from shoal.protocol.errors import KilledWorker
+from shoal.protocol.serialize import SerializationError
+
+Recs = dict[TaskState, str]
+
+DEFAULT_ALLOWED_FAILURES = 3
+DEFAULT_WORKER_TTL = 300.0  # seconds without a heartbeat before a worker is removed
+COPY_RETRY = 10.0  # seconds before a copy off a retiring worker is asked for again
+
+
+def heartbeat_interval(n_workers: int) -> float:
+    """How often each worker beats: every 0.5 s in small clusters, then slower, so the
+    scheduler handles at most about 200 heartbeats a second however many workers."""
+    return max(0.5, n_workers / 200)
+
+
+class Retirement:
+    """One ``RetireWorkers`` request, answered once all of its workers are gone."""
+
+    __slots__ = ("client_id", "request_id", "pending", "retired", "refused", "close")
+
+    def __init__(self, client_id: str, request_id: int, close: bool):
+        self.client_id = client_id
+        self.request_id = request_id
+        self.close = close
+        self.pending: set[str] = set()
+        self.retired: list[str] = []
+        self.refused: dict[str, str] = {}
+
+
+class Membership:
+    """Membership methods and state of :class:`~shoal.core.scheduler.SchedulerState`."""
+
+    workers: dict[str, WorkerRecord]
+    runnable: dict[str, WorkerRecord]
+    clients: dict[str, ClientRecord]
+    comm: Comm
+    log: StoryLog
+
+    if TYPE_CHECKING:
+
+        def _index_worker(self, ws: WorkerRecord) -> None: ...
+        def _unindex_worker(self, ws: WorkerRecord) -> None: ...
+        def _remove_processing(self, ts: TaskState) -> WorkerRecord | None: ...
+        def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None: ...
+        def _transition(self, ts: TaskState, finish: str, stimulus_id: str) -> Recs: ...
+        def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
+        def _done(self, stimulus_id: str) -> None: ...
+
+    def _init_membership(self, allowed_failures: int, worker_ttl: float) -> None:
+        self.allowed_failures = allowed_failures
+        self.worker_ttl = worker_ttl
+        # Tasks that were running on a worker that died -> those workers (cleared when
+        # the task is forgotten); only such tasks have an entry.
+        self.suspicious: dict[TaskState, list[str]] = {}
+        self.retiring: dict[str, Retirement] = {}  # worker address -> its request
+        self._copies: dict[TaskState, tuple[WorkerRecord, float]] = {}  # key -> to, when
+        self._now = 0.0  # the latest time an event carried
+
+    # ------------------------------------------------------------------ joining and leaving
+
+    def add_worker(
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        memory_limit: int,
+        stimulus_id: str,
+        resources: Mapping[str, float] | None = None,
+        pid: int = 0,
+        now: float = 0.0,
+    ) -> WorkerRecord:
+        if address in self.workers:
+            raise ValueError(f"a worker at {address} is already registered")
+        self._now = max(self._now, now)
+        ws = WorkerRecord(address, name, nthreads, memory_limit, resources, pid, now)
+        self.workers[address] = ws
+        self._index_worker(ws)
+        self.log.append(("worker-added", address, stimulus_id))
+        # Tasks that could not be placed without workers may go now.
+        self._done(stimulus_id)
+        return ws
+
+    def remove_worker(
+        self, address: str, stimulus_id: str, reason: str = "", expected: bool = False
+    ) -> None:
+        """``address`` is gone. Unless ``expected`` (it retired), the tasks it was
+        running count it as a death: past ``allowed_failures`` they err with
+        KilledWorker instead of running a further time."""
+        ws = self.workers.pop(address, None)
+        if ws is None:
+            return
+        if address in self.runnable:
+            self._unindex_worker(ws)
+        self.log.append(("worker-removed", address, reason or "", stimulus_id))
+        retirement = self.retiring.pop(address, None)
+        if retirement is not None:
+            self._retirement_over(retirement, address, None if expected else reason or "it died")
+        recs: Recs = {}
+        for ts in sorted(ws.processing, key=_by_priority):
+            self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
+            if not expected and self._killed_too_often(ts, address):
+                recs[ts] = "erred"
+            else:
+                recs.update(self._transition(ts, "released", stimulus_id))
+        lost = []
+        for ts in ws.has_what:
+            ts.who_has = discarded(ts.who_has, ws)
+            if not ts.who_has and ts.state == "memory":
+                lost.append(ts)
+        ws.has_what = set()
+        ws.nbytes = 0
+        # Every lost key is released before anything is placed again: a recommendation
+        # could otherwise send a task off with a dependency still "in memory" nowhere.
+        for ts in lost:
+            recs.update(self._transition(ts, "released", stimulus_id))
+        self._transitions(recs, stimulus_id)
+        self._done(stimulus_id)
+
+    def _killed_too_often(self, ts: TaskState, address: str) -> bool:
+        """Count one more death under ``ts``; if it is one too many, set its error."""
+        died_on = self.suspicious.setdefault(ts, [])
+        died_on.append(address)
+        if len(died_on) <= self.allowed_failures:
+            return False
+        exc = KilledWorker(ts.key, died_on, self.allowed_failures)
+        from shoal.core.scheduler import error_payload  # the scheduler module imports us
+
+        ts.exception = error_payload(exc)
+        ts.traceback = ""
+        ts.exception_blame = None
+        return True
+
+    # ------------------------------------------------------------------ status and liveness
+
+    def _worker_status(self, ws: WorkerRecord, msg: m.WorkerStatus) -> None:
+        if msg.status not in ("paused", "running"):
+            raise TypeError(f"unknown worker status {msg.status!r}")
+        self.log.append(("worker-status", ws.address, msg.status, msg.stimulus_id))
+        if ws.status == "retiring":
+            return  # stays out of placement until it is gone
+        if msg.status == "paused" and ws.status == "running":
+            ws.status = "paused"
+            self._unindex_worker(ws)
+        elif msg.status == "running" and ws.status == "paused":
+            ws.status = "running"
+            self._index_worker(ws)  # queued work may go to it again at the end of the batch
+
+    def heartbeat(self, address: str, msg: m.Heartbeat, now: float) -> float:
+        """A worker is alive; returns the interval at which it should beat."""
+        self._now = max(self._now, now)
+        ws = self.workers.get(address)
+        if ws is not None:
+            ws.last_seen = now
+            ws.memory = msg.memory
+            ws.spilled = msg.spilled
+            if address in self.retiring:
+                self._retry_copies(ws)
+                self._done(f"heartbeat-{address}")
+        return heartbeat_interval(len(self.workers))
+
+    def worker_ttl_now(self) -> float:
+        """The TTL in force: the configured one, but at least a few heartbeats long."""
+        return max(self.worker_ttl, 4 * heartbeat_interval(len(self.workers)))
+
+    def check_heartbeats(self, now: float, stimulus_id: str) -> list[str]:
+        """Remove every worker silent for longer than the TTL; return their addresses."""
+        self._now = max(self._now, now)
+        ttl = self.worker_ttl_now()
+        silent = [ws for ws in self.workers.values() if now - ws.last_seen > ttl]
+        for ws in silent:
+            seconds = now - ws.last_seen
+            reason = f"no heartbeat for {seconds:.1f}s (TTL {ttl:.1f}s)"
+            self.remove_worker(ws.address, stimulus_id, reason)
+        return [ws.address for ws in silent]
+
+    # ------------------------------------------------------------------ unusable results
+
+    def _key_unserializable(self, ws: WorkerRecord, msg: m.KeyUnserializable) -> None:
+        """``ws`` could not pickle a result (to send or spill it) and dropped it: the
+        task errs with the reason, unless another worker holds a copy."""
+        ts = self.tasks.get(msg.key)  # type: ignore[attr-defined]
+        if ts is None or ws not in ts.who_has:
+            return
+        self._remove_replica(ts, ws)
+        if ts.who_has or ts.state != "memory":
+            return
+        exc = SerializationError(f"the result of {ts.key!r} cannot be pickled: {msg.reason}")
+        from shoal.core.scheduler import error_payload  # the scheduler module imports us
+
+        ts.exception = error_payload(exc)
+        ts.traceback = ""
+        ts.exception_blame = None
+        self._transitions(self._transition(ts, "erred", msg.stimulus_id), msg.stimulus_id)
+
+    # ------------------------------------------------------------------ retirement
+
+    def _retire_workers(self, cs: ClientRecord, msg: m.RetireWorkers) -> None:
+        sid = f"retire-{cs.id}-{msg.request_id}"
+        req = Retirement(cs.id, msg.request_id, msg.close)
+        chosen: dict[str, WorkerRecord] = {}
+        for name in msg.workers:
+            ws = self._find_worker(name)
+            if ws is None:
+                req.refused[name] = "no such worker"
+            elif ws.address in self.retiring:
+                req.refused[name] = "already retiring"
+            else:
+                chosen[ws.address] = ws
+        stay = [ws for ws in self.runnable.values() if ws.address not in chosen]
+        if chosen and not stay:
+            for address in chosen:
+                req.refused[address] = "no other running worker could take its data"
+            chosen = {}
+        if chosen:
+            unique = sum(ts.nbytes for ws in chosen.values() for ts in _only_here(ws))
+            room = sum(max(0, ws.memory_limit - ws.nbytes) for ws in stay)
+            if unique > room and all(ws.memory_limit for ws in stay):
+                why = f"the other workers have room for {room} of the {unique} bytes only it holds"
+                for address in chosen:
+                    req.refused[address] = why
+                chosen = {}
+        for address, ws in chosen.items():
+            self.log.append(("worker-retiring", address, sid))
+            if ws.status != "paused":
+                self._unindex_worker(ws)
+            ws.status = "retiring"
+            self.retiring[address] = req
+            req.pending.add(address)
+        if not req.pending:
+            self._reply_retirement(req)
+        self._advance_retirements(sid)
+
+    def _find_worker(self, name: str) -> WorkerRecord | None:
+        ws = self.workers.get(name)
+        if ws is not None:
+            return ws
+        for ws in self.workers.values():
+            if name == ws.name or name == ws.address.split("://", 1)[-1]:
+                return ws
+        return None
+
+    def _advance_retirements(self, stimulus_id: str) -> None:
+        """Copy what only a retiring worker holds; close it once nothing is left."""
+        for ts in [ts for ts in self._copies if ts.state != "memory" or len(ts.who_has) != 1]:
+            del self._copies[ts]  # arrived, or no longer needed
+        for address in list(self.retiring):
+            ws = self.workers.get(address)
+            if ws is None or address not in self.retiring:
+                continue  # retired by a nested call meanwhile
+            pending = [ts for ts in _only_here(ws) if ts not in self._copies]
+            if pending:
+                self._copy_off(ws, pending, stimulus_id)
+            if not ws.processing and not any(True for _ in _only_here(ws)):
+                req = self.retiring[address]
+                if req.close:
+                    self.comm.send_worker(address, m.CloseWorker("retired", stimulus_id))
+                self.remove_worker(address, stimulus_id, "retired", expected=True)
+        if not self.retiring:
+            self._copies.clear()
+
+    def _copy_off(self, ws: WorkerRecord, keys: Iterable[TaskState], stimulus_id: str) -> None:
+        """Ask other workers to fetch ``keys`` from ``ws``: each to the one with the
+        fewest bytes (counting what it is asked for here)."""
+        stay = [w for w in self.runnable.values() if w.address not in self.retiring]
+        if not stay:  # they all left meanwhile: the keys will be lost with it
+            return
+        load = {w: w.nbytes for w in stay}
+        asks: dict[WorkerRecord, list[m.DepInfo]] = {}
+        for ts in keys:
+            to = min(stay, key=lambda w: (load[w], w.address))
+            load[to] += ts.nbytes
+            asks.setdefault(to, []).append(m.DepInfo(ts.key, ts.nbytes, [ws.address]))
+            self._copies[ts] = (to, self._now)
+        for to, deps in asks.items():
+            self.comm.send_worker(to.address, m.CopyKeys(deps, stimulus_id))
+
+    def _retry_copies(self, ws: WorkerRecord) -> None:
+        """Forget copies whose recipient left or that took too long: asked again."""
+        for ts in _only_here(ws):
+            entry = self._copies.get(ts)
+            if entry is not None:
+                to, when = entry
+                if to.address not in self.runnable or self._now - when > COPY_RETRY:
+                    del self._copies[ts]
+
+    def _retirement_over(self, req: Retirement, address: str, failure: str | None) -> None:
+        req.pending.discard(address)
+        if failure is None:
+            req.retired.append(address)
+        else:
+            req.refused[address] = f"it left before retiring: {failure}"
+        if not req.pending:
+            self._reply_retirement(req)
+
+    def _reply_retirement(self, req: Retirement) -> None:
+        if req.client_id in self.clients:
+            msg = m.RetireReply(req.request_id, req.retired, req.refused)
+            self.comm.send_client(req.client_id, msg)
+
+
+def _only_here(ws: WorkerRecord) -> Iterable[TaskState]:
+    """The keys in memory that no other worker holds."""
+    for ts in ws.has_what:
+        if ts.state == "memory" and len(ts.who_has) == 1:
+            yield ts
+
+
+def _by_priority(ts: TaskState) -> Any:
+    return ts.priority

@@ -1,0 +1,24 @@
+"""Errors the cluster itself raises on futures (pickled by the scheduler, which only
+ever pickles these, never user objects)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KilledWorker(Exception):
+    """A task was running on ``allowed_failures + 1`` workers that each died while it
+    ran: it is probably what kills them (memory, a segfault), so it is not tried again."""
+
+    def __init__(self, key: Any, workers: list[str], allowed_failures: int):
+        self.key = key
+        self.workers = list(workers)
+        self.allowed_failures = allowed_failures
+        super().__init__(
+            f"task {key!r} was running on {len(self.workers)} workers that died while it "
+            f"ran (allowed failures: {allowed_failures}): {', '.join(self.workers)}. "
+            "It may be what kills them (memory, a crash); see those workers' logs."
+        )
+
+    def __reduce__(self) -> Any:
+        return (KilledWorker, (self.key, self.workers, self.allowed_failures))

@@ -7,6 +7,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 from shoal.client.client import Client
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.deploy.local import LocalCluster
+from shoal.protocol.errors import KilledWorker
 from shoal.protocol.serialize import SerializationError
 
 __version__ = "0.1.0"
@@ -15,6 +16,7 @@ __all__ = [
     "CancelledError",
     "Client",
     "Future",
+    "KilledWorker",
     "LocalCluster",
     "SerializationError",
     "__version__",

@@ -8,12 +8,21 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from shoal.client.loop import run
+from shoal.core.membership import (
+    DEFAULT_ALLOWED_FAILURES,
+    DEFAULT_SCHEDULER_TIMEOUT,
+    DEFAULT_WORKER_TTL,
+)
 from shoal.protocol.messages import check_resources
+
+if TYPE_CHECKING:
+    from shoal.server.worker import Worker
 
 
 def _setup_logging(level: str) -> None:
@@ -65,6 +74,18 @@ def main() -> None:
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--quiet", is_flag=True, help="Do not print the address.")
+@click.option(
+    "--allowed-failures",
+    default=DEFAULT_ALLOWED_FAILURES,
+    show_default=True,
+    help="Worker deaths a task may be present at before it errs with KilledWorker.",
+)
+@click.option(
+    "--worker-ttl",
+    default=DEFAULT_WORKER_TTL,
+    show_default=True,
+    help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
+)
 def scheduler(
     host: str,
     port: int,
@@ -73,14 +94,28 @@ def scheduler(
     quiet: bool,
     watch_pid: int | None,
     log_level: str,
+    allowed_failures: int,
+    worker_ttl: float,
 ) -> None:
     """Start a scheduler and print its address."""
     from shoal.server.scheduler import Scheduler
 
     _setup_logging(log_level)
+    if allowed_failures < 0:
+        raise click.BadParameter("cannot be negative", param_hint="--allowed-failures")
+    if worker_ttl <= 0:
+        raise click.BadParameter("must be positive", param_hint="--worker-ttl")
 
     async def serve() -> None:
-        s = await Scheduler(host, port, validate=validate, owns_process=True).start()
+        s = Scheduler(
+            host,
+            port,
+            validate=validate,
+            owns_process=True,
+            allowed_failures=allowed_failures,
+            worker_ttl=worker_ttl,
+        )
+        await s.start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
         _stop_on_signals(stop)
         if scheduler_file:
@@ -127,6 +162,19 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option(
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for the scheduler."
 )
+@click.option(
+    "--scheduler-timeout",
+    default=DEFAULT_SCHEDULER_TIMEOUT,
+    show_default=True,
+    help="Seconds without an answer to a heartbeat before the scheduler counts as gone.",
+)
+@click.option(
+    "--reconnect/--no-reconnect",
+    default=False,
+    show_default=True,
+    help="When the scheduler is gone, wait (up to --timeout) and join it again, "
+    "empty, instead of exiting.",
+)
 @click.option("--log-level", default="warning", show_default=True)
 def worker(
     address: str | None,
@@ -140,6 +188,8 @@ def worker(
     validate: bool,
     resources: str,
     timeout: float,
+    scheduler_timeout: float,
+    reconnect: bool,
     log_level: str,
 ) -> None:
     """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
@@ -157,11 +207,14 @@ def worker(
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--resources") from None
 
-    async def serve() -> None:
-        w = Worker(
+    worker_name = name or f"{os.uname().nodename}-{os.getpid()}"
+    log = logging.getLogger("shoal.worker")
+
+    def make_worker() -> Worker:
+        return Worker(
             address,
             nthreads,
-            name=name or f"{os.uname().nodename}-{os.getpid()}",
+            name=worker_name,
             host=host,
             port=port,
             memory_limit=memory_limit,
@@ -169,21 +222,49 @@ def worker(
             validate=validate,
             owns_process=True,
             resources=amounts,
+            scheduler_timeout=scheduler_timeout,
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                await w.start()
-                break
-            except OSError as e:  # the scheduler may not be listening yet
-                if time.monotonic() > deadline:
-                    raise click.ClickException(str(e)) from None
-                await asyncio.sleep(0.2)
-        _stop_on_signals(lambda: asyncio.ensure_future(w.close()))
-        logging.getLogger("shoal.worker").info("shoal worker at %s", w.address)
-        await w.finished()
+
+    async def serve() -> None:
+        current: list[Worker] = []
+        stopping = asyncio.Event()
+
+        def stop() -> None:
+            stopping.set()
+            for w in current:
+                asyncio.ensure_future(w.close("stopped"))
+
+        _stop_on_signals(stop)
+        while not stopping.is_set():
+            w = await _start_worker(make_worker, timeout, stopping)
+            if w is None:
+                return
+            current[:] = [w]
+            log.info("shoal worker at %s", w.address)
+            await w.finished()
+            if not (reconnect and w.close_reason.startswith("lost the scheduler")):
+                return
+            log.warning("%s; joining it again when it is back", w.close_reason)
 
     run(serve())
+
+
+async def _start_worker(
+    make: Callable[[], Worker], timeout: float, stopping: asyncio.Event
+) -> Worker | None:
+    """A started worker; tries again (a new one each time) while the scheduler is not
+    listening yet, for up to ``timeout`` seconds. None: asked to stop meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not stopping.is_set():
+        w = make()
+        try:
+            return await w.start()
+        except OSError as e:  # the scheduler may not be listening (yet, or again)
+            await w.close()
+            if time.monotonic() > deadline:
+                raise click.ClickException(str(e)) from None
+            await asyncio.sleep(0.2)
+    return None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ EXPECTED = [
     "CancelledError",
     "Client",
     "Future",
+    "KilledWorker",
     "LocalCluster",
     "SerializationError",
     "__version__",

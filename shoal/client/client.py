@@ -30,6 +30,7 @@ from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import connect
+from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import Key, check_key
@@ -43,6 +44,7 @@ from shoal.protocol.serialize import (
 )
 
 logger = logging.getLogger("shoal.client")
+_LATE_REPLIES = (m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply)
 T = TypeVar("T")
 
 
@@ -58,9 +60,14 @@ class Client:
         timeout: float = 30.0,
         name: str = "",
         set_as_default: bool = True,
+        scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
     ):
         self.asynchronous = asynchronous
         self.timeout = timeout
+        # Seconds without an answer to a heartbeat before the scheduler counts as gone
+        # (a frozen or unreachable scheduler closes no connection for us).
+        self.scheduler_timeout = scheduler_timeout
+        self._heartbeats: asyncio.Task[None] | None = None
         self.name = name or f"pid{os.getpid()}"
         self.id = ""
         self.cluster: Any = None
@@ -129,6 +136,7 @@ class Client:
         self.id = welcome.assigned
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
+        self._heartbeats = asyncio.ensure_future(self._heartbeat(self._conn))
         self.status = "running"
         if self._set_as_default and not self.asynchronous:
             # Dask calls its scheduler synchronously: an asynchronous client's get
@@ -156,6 +164,8 @@ class Client:
             return
         self._closed = True
         self.status = "closed"
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
         collections.unset_default(self)
         # A cancelled future's callbacks may drop the last reference to another future,
         # whose release edits ``_states``: iterate over a copy.
@@ -196,6 +206,20 @@ class Client:
         return (
             f"<Client {self.id or '?'} scheduler={self.scheduler_address!r} status={self.status}>"
         )
+
+    async def _heartbeat(self, conn: Connection) -> None:
+        interval = 2.0
+        while not conn.closed:
+            try:
+                reply, _ = await conn.request(m.Heartbeat, timeout=self.scheduler_timeout)
+            except TimeoutError:
+                conn.abort(f"the scheduler did not answer for {self.scheduler_timeout}s")
+                return
+            except CommClosedError:
+                return
+            if isinstance(reply, m.HeartbeatReply):
+                interval = reply.interval
+            await asyncio.sleep(interval)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if self.status == "closed":
@@ -315,6 +339,8 @@ class Client:
                     n = _cancel_number(msg.stimulus_id)  # type: ignore[attr-defined]
                     if n is None or st.born < n:
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
+            elif t in _LATE_REPLIES:
+                pass  # the answer to a request we stopped waiting for
             elif t is m.Refused:  # the scheduler is closing this connection: say why
                 raise ProtocolError(f"the scheduler refused a message: {msg.reason}")  # type: ignore[attr-defined]
             else:
@@ -631,15 +657,18 @@ class Client:
 
     # ---------------------------------------------------------------- scatter
 
-    def scatter(self, data: Any, hash: bool = True) -> Any:
-        """Place local data on workers; returns futures shaped like ``data`` (a list,
-        a dict keyed by the desired keys, or a single future)."""
-        coro = self._scatter_async(data, hash)
+    def scatter(self, data: Any, hash: bool = True, workers: list[str] | None = None) -> Any:
+        """Place local data on workers (round robin over ``workers``, addresses or
+        names, or over all); returns futures shaped like ``data`` (a list, a dict keyed
+        by the desired keys, or a single future)."""
+        coro = self._scatter_async(data, hash, workers)
         if self.asynchronous:
             return coro
         return self._sync(coro)
 
-    async def _scatter_async(self, data: Any, hash_keys: bool) -> Any:
+    async def _scatter_async(
+        self, data: Any, hash_keys: bool, only: list[str] | None = None
+    ) -> Any:
         if isinstance(data, dict):
             items = list(data.items())
         else:
@@ -655,9 +684,15 @@ class Client:
                 else:
                     token = uuid.uuid4().hex
                 items.append((f"{type(value).__name__}-{token}", value))
-        workers = await self._worker_addresses()
+        infos = (await self._info()).workers
+        wanted = set(only or ())
+        workers = sorted(w.address for w in infos if not wanted or {w.address, w.name} & wanted)
         if not workers:
-            raise RuntimeError("no workers to scatter to")
+            raise RuntimeError(
+                f"no workers to scatter to (asked for {only})"
+                if only
+                else "no workers to scatter to"
+            )
         placement: dict[str, list[tuple[Key, Any]]] = {}
         for item in items:
             placement.setdefault(workers[next(self._scatter_rr) % len(workers)], []).append(item)
@@ -699,9 +734,6 @@ class Client:
         assert isinstance(reply, m.InfoReply)
         return reply
 
-    async def _worker_addresses(self) -> list[str]:
-        return sorted(w.address for w in (await self._info()).workers)
-
     def scheduler_info(self) -> Any:
         """The scheduler's identity and its workers."""
 
@@ -721,12 +753,33 @@ class Client:
                         "nbytes": w.nbytes,
                         "tasks_run": w.tasks_run,
                         "resources": w.resources,
+                        "pid": w.pid,
+                        "status": w.status,
+                        "memory": w.memory,
                     }
                     for w in r.workers
                 },
             }
 
         return info() if self.asynchronous else self._sync(info())
+
+    def retire_workers(self, workers: list[str], close_workers: bool = True) -> Any:
+        """Retire ``workers`` (addresses or names) gracefully: what only they hold is
+        copied to other workers first, and what they run finishes; nothing counts as a
+        failure. Returns ``{"retired": [addresses], "refused": {worker: why}}``; a
+        worker is refused, and keeps working, when no other worker can take its data."""
+
+        async def retire() -> dict[str, Any]:
+            conn = self._conn
+            if conn is None or conn.closed:
+                raise RuntimeError("the client is closed")
+            reply, _ = await conn.request(
+                lambda rid: m.RetireWorkers(rid, list(workers), close_workers)
+            )
+            assert isinstance(reply, m.RetireReply)
+            return {"retired": list(reply.retired), "refused": dict(reply.refused)}
+
+        return retire() if self.asynchronous else self._sync(retire())
 
     def wait_for_workers(self, n_workers: int, timeout: float | None = None) -> Any:
         async def waiting() -> None:

@@ -29,6 +29,7 @@ Recs = dict[TaskState, str]
 
 DEFAULT_ALLOWED_FAILURES = 3
 DEFAULT_WORKER_TTL = 300.0  # seconds without a heartbeat before a worker is removed
+DEFAULT_SCHEDULER_TIMEOUT = 120.0  # seconds a worker or client waits for a heartbeat reply
 COPY_RETRY = 10.0  # seconds before a copy off a retiring worker is asked for again
 
 

@@ -8,6 +8,7 @@ task on a thread, fetch data from a peer, send a message to the scheduler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import logging
@@ -25,6 +26,7 @@ import psutil
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
+from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.core.worker_state import (
     Execute,
     ExecuteFailure,
@@ -84,6 +86,7 @@ class Worker:
         validate: bool = False,
         owns_process: bool = False,
         resources: Mapping[str, float] | None = None,
+        scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -97,6 +100,8 @@ class Worker:
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
+        self.scheduler_timeout = scheduler_timeout
+        self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
         self.state: WorkerState | None = None
@@ -142,12 +147,14 @@ class Worker:
             t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+        self._spawn(self._heartbeat())
         logger.info("worker %s connected to %s", self.address, self.scheduler_address)
         return self
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "closed") -> None:
         if self._closed.is_set():
             return
+        self.close_reason = self.close_reason or reason
         self._closed.set()
         for _ in self._threads:
             self._queue.put(None)
@@ -167,7 +174,32 @@ class Worker:
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
             logger.info("lost the scheduler (%s); closing", conn.close_reason)
-            self._spawn(self.close())
+            self._spawn(self.close(f"lost the scheduler: {conn.close_reason}"))
+
+    async def _heartbeat(self) -> None:
+        """Tell the scheduler we are alive, every interval it asks for; a scheduler that
+        does not answer within ``scheduler_timeout`` is treated as gone (a frozen or
+        unreachable process closes no connection for us)."""
+        conn = self.scheduler
+        assert conn is not None and self.state is not None
+        interval = 0.5
+        process = psutil.Process()
+        while not conn.closed:
+            beat = functools.partial(
+                m.Heartbeat,
+                memory=process.memory_info().rss,
+                executing=self.state.executing_count,
+            )
+            try:
+                reply, _ = await conn.request(beat, timeout=self.scheduler_timeout)
+            except TimeoutError:
+                conn.abort(f"the scheduler did not answer for {self.scheduler_timeout}s")
+                return
+            except CommClosedError:
+                return
+            if isinstance(reply, m.HeartbeatReply):
+                interval = reply.interval
+            await asyncio.sleep(interval)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -181,8 +213,12 @@ class Worker:
         for msg in frame.messages:
             if type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
-            elif type(msg) is m.ComputeTask or type(msg) is m.FreeKeys:
+            elif type(msg) is m.ComputeTask or type(msg) is m.FreeKeys or type(msg) is m.CopyKeys:
                 events.append(msg)
+            elif type(msg) is m.CloseWorker:
+                logger.info("the scheduler closes this worker: %s", msg.reason)
+                self.close_reason = msg.reason
+                self._spawn(self.close(msg.reason))
             else:
                 raise ProtocolError(f"the scheduler may not send {type(msg).__name__}")
         if events:

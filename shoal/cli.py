@@ -52,6 +52,61 @@ def parse_resources(text: str) -> dict[str, float]:
     return check_resources(out)
 
 
+def security_options(command: Any) -> Any:
+    """The options for a cluster token and TLS; each falls back to its SHOAL_* variable."""
+    options = [
+        click.option(
+            "--token",
+            envvar="SHOAL_TOKEN",
+            help="Cluster token every connection must prove (prefer the SHOAL_TOKEN "
+            "variable: a command line is visible to every user of the machine).",
+        ),
+        click.option(
+            "--tls-ca-file",
+            envvar="SHOAL_TLS_CA_FILE",
+            type=click.Path(exists=True, dir_okay=False),
+            help="CA certificate (PEM) that signed every member's certificate.",
+        ),
+        click.option(
+            "--tls-cert",
+            envvar="SHOAL_TLS_CERT",
+            type=click.Path(exists=True, dir_okay=False),
+            help="This process's certificate (PEM; may hold the key too).",
+        ),
+        click.option(
+            "--tls-key",
+            envvar="SHOAL_TLS_KEY",
+            type=click.Path(exists=True, dir_okay=False),
+            help="This process's private key (PEM).",
+        ),
+        click.option(
+            "--require-encryption",
+            envvar="SHOAL_REQUIRE_ENCRYPTION",
+            is_flag=True,
+            help="Refuse plain tcp:// (needs the TLS options).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def make_security(options: dict[str, Any]) -> Any:
+    """A Security from the ``security_options`` (popped from ``options``)."""
+    from shoal.comm.security import Security
+
+    try:
+        return Security(
+            token=options.pop("token") or None,
+            tls_ca_file=options.pop("tls_ca_file"),
+            tls_cert=options.pop("tls_cert"),
+            tls_key=options.pop("tls_key"),
+            require_encryption=options.pop("require_encryption"),
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 @click.group()
 def main() -> None:
     """shoal: a distributed task scheduler for Python."""
@@ -65,6 +120,7 @@ def main() -> None:
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--quiet", is_flag=True, help="Do not print the address.")
+@security_options
 def scheduler(
     host: str,
     port: int,
@@ -73,14 +129,17 @@ def scheduler(
     quiet: bool,
     watch_pid: int | None,
     log_level: str,
+    **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
     from shoal.server.scheduler import Scheduler
 
     _setup_logging(log_level)
+    security = make_security(options)
 
     async def serve() -> None:
-        s = await Scheduler(host, port, validate=validate, owns_process=True).start()
+        s = Scheduler(host, port, validate=validate, owns_process=True, security=security)
+        await s.start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
         _stop_on_signals(stop)
         if scheduler_file:
@@ -128,6 +187,7 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for the scheduler."
 )
 @click.option("--log-level", default="warning", show_default=True)
+@security_options
 def worker(
     address: str | None,
     scheduler_file: str | None,
@@ -141,11 +201,14 @@ def worker(
     resources: str,
     timeout: float,
     log_level: str,
+    **options: Any,
 ) -> None:
     """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
+    from shoal.comm.tcp import HandshakeError
     from shoal.server.worker import Worker
 
     _setup_logging(log_level)
+    security = make_security(options)
     if address is None:
         if scheduler_file is None:
             raise click.UsageError("give the scheduler's ADDRESS or --scheduler-file")
@@ -169,12 +232,16 @@ def worker(
             validate=validate,
             owns_process=True,
             resources=amounts,
+            security=security,
         )
         deadline = time.monotonic() + timeout
         while True:
             try:
                 await w.start()
                 break
+            except (HandshakeError, ValueError) as e:  # refused or misconfigured: final
+                await w.close()
+                raise click.ClickException(str(e)) from None
             except OSError as e:  # the scheduler may not be listening yet
                 if time.monotonic() > deadline:
                     raise click.ClickException(str(e)) from None

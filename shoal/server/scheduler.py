@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from shoal.comm.connection import Connection
+from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, listen
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
@@ -41,7 +42,9 @@ class Scheduler:
         port: int = 0,
         validate: bool = False,
         owns_process: bool = False,
+        security: Security | None = None,
     ):
+        self.security = security or Security()  # token / TLS for every connection
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
         self.host = host
         self.port = port
@@ -79,7 +82,7 @@ class Scheduler:
         if self.owns_process:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
-        self._server, self.address = await listen(self.host, self.port, self._accept)
+        self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
         logger.info("scheduler at %s", self.address)
         return self
 

@@ -108,6 +108,8 @@ class ListenerHandshake(_Side):
     """The accepting side. ``feed`` returns (bytes to write, bytes for the frame decoder
     once ``done``)."""
 
+    _expects_proof = False  # both sides have a token: the peer waits for a status byte
+
     def feed(self, data: bytes) -> tuple[bytes, bytes]:
         if self.done:
             return b"", data
@@ -124,6 +126,7 @@ class ListenerHandshake(_Side):
                 raise AuthFailed(TOKEN_REQUIRED)
             if self.key is None:
                 return b"", self._finish()
+            self._expects_proof = True
         assert self.key is not None
         proof = self._take(PROOF_SIZE)
         if proof is None:
@@ -137,8 +140,7 @@ class ListenerHandshake(_Side):
     def refusal(self, reason: str) -> bytes:
         """What to write before closing: a connector that sent its proof reads a status
         byte first; every other peer reads frames."""
-        proof_sent = self.key is not None and self._peer_nonce is not None
-        return (REFUSED if proof_sent else b"") + refusal_frame(reason)
+        return (REFUSED if self._expects_proof else b"") + refusal_frame(reason)
 
 
 class ConnectorHandshake(_Side):

@@ -184,6 +184,7 @@ class Security:
         if directory is None:
             directory = tempfile.mkdtemp(prefix="shoal-tls-")
             atexit.register(shutil.rmtree, directory, True)
+        os.makedirs(directory, exist_ok=True)
         ca, cert, key = _write_temporary_credentials(Path(directory))
         return cls(token, str(ca), str(cert), str(key), require_encryption=True)
 

@@ -10,13 +10,13 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import child_env
 
 from shoal import Client, LocalCluster
 from shoal.comm.handshake import GREETING_SIZE, MAGIC, REFUSED, ConnectorHandshake
@@ -28,6 +28,15 @@ from shoal.protocol.framing import FrameDecoder, encode_frame
 pytestmark = pytest.mark.timeout(90)
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
+
+
+def child_env() -> dict[str, str]:
+    """Our environment with our import path (not conftest's helper: workers import this
+    module by name to run its functions, and would find another conftest)."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    return env
 
 
 def inc(x):
@@ -42,16 +51,17 @@ def worker_pid():
     return os.getpid()
 
 
-def _exercise(client: Client) -> None:
+def _exercise(client: Client, processes: bool = True) -> None:
     """Submit and result, a dependency moved between workers, scatter and gather."""
     assert client.submit(inc, 1).result(timeout=30) == 2
     first, second = sorted(client.scheduler_info()["workers"])
     a = client.submit(inc, 10, workers=first, pure=False)
     b = client.submit(add, a, 1, workers=second, pure=False)  # a travels worker to worker
     assert b.result(timeout=30) == 12
-    pa = client.submit(worker_pid, workers=first, pure=False).result(timeout=30)
-    pb = client.submit(worker_pid, workers=second, pure=False).result(timeout=30)
-    assert pa != pb, "both tasks ran on one worker: nothing was transferred"
+    if processes:  # the restrictions did put the two on different worker processes
+        pa = client.submit(worker_pid, workers=first, pure=False).result(timeout=30)
+        pb = client.submit(worker_pid, workers=second, pure=False).result(timeout=30)
+        assert pa != pb, "both tasks ran on one worker: nothing was transferred"
     scattered = client.scatter([5, 6, 7])
     assert client.gather(scattered) == [5, 6, 7]
     assert client.submit(sum, scattered).result(timeout=30) == 18
@@ -238,6 +248,19 @@ def test_cli_workers_with_a_wrong_or_missing_token_exit_with_the_reason(
     good.wait(20)
 
 
+def test_a_client_takes_the_token_from_the_environment(
+    cli_scheduler: tuple[str, str, subprocess.Popen], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, token, _ = cli_scheduler
+    monkeypatch.setenv("SHOAL_TOKEN", token)
+    with Client(address, timeout=30) as c:
+        assert c.security.token == token
+        assert c.scheduler_info()["workers"] == {}
+    monkeypatch.setenv("SHOAL_TOKEN", "stale")
+    with pytest.raises(HandshakeError, match="wrong cluster token"):
+        Client(address, timeout=10)
+
+
 # ------------------------------------------------------------------------ TLS
 
 
@@ -257,6 +280,17 @@ def test_tls_end_to_end(tls_cluster: LocalCluster) -> None:
         assert len(workers) == 2
         assert all(a.startswith("tls://127.0.0.1:") for a in workers), workers
         _exercise(client)
+
+
+def test_tls_in_one_process() -> None:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, security=Security.temporary()
+        ) as cluster,
+        Client(cluster, timeout=30) as client,
+    ):
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        _exercise(client, processes=False)
 
 
 def test_tls_without_a_certificate_is_refused(tls_cluster: LocalCluster) -> None:

@@ -61,6 +61,61 @@ def parse_resources(text: str) -> dict[str, float]:
     return check_resources(out)
 
 
+def security_options(command: Any) -> Any:
+    """The options for a cluster token and TLS; each falls back to its SHOAL_* variable."""
+    options = [
+        click.option(
+            "--token",
+            envvar="SHOAL_TOKEN",
+            help="Cluster token every connection must prove (prefer the SHOAL_TOKEN "
+            "variable: a command line is visible to every user of the machine).",
+        ),
+        click.option(
+            "--tls-ca-file",
+            envvar="SHOAL_TLS_CA_FILE",
+            type=click.Path(exists=True, dir_okay=False),
+            help="CA certificate (PEM) that signed every member's certificate.",
+        ),
+        click.option(
+            "--tls-cert",
+            envvar="SHOAL_TLS_CERT",
+            type=click.Path(exists=True, dir_okay=False),
+            help="This process's certificate (PEM; may hold the key too).",
+        ),
+        click.option(
+            "--tls-key",
+            envvar="SHOAL_TLS_KEY",
+            type=click.Path(exists=True, dir_okay=False),
+            help="This process's private key (PEM).",
+        ),
+        click.option(
+            "--require-encryption",
+            envvar="SHOAL_REQUIRE_ENCRYPTION",
+            is_flag=True,
+            help="Refuse plain tcp:// (needs the TLS options).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def make_security(options: dict[str, Any]) -> Any:
+    """A Security from the ``security_options`` (popped from ``options``)."""
+    from shoal.comm.security import Security
+
+    try:
+        return Security(
+            token=options.pop("token") or None,
+            tls_ca_file=options.pop("tls_ca_file"),
+            tls_cert=options.pop("tls_cert"),
+            tls_key=options.pop("tls_key"),
+            require_encryption=options.pop("require_encryption"),
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 @click.group()
 def main() -> None:
     """shoal: a distributed task scheduler for Python."""
@@ -86,6 +141,7 @@ def main() -> None:
     show_default=True,
     help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
 )
+@security_options
 def scheduler(
     host: str,
     port: int,
@@ -96,6 +152,7 @@ def scheduler(
     log_level: str,
     allowed_failures: int,
     worker_ttl: float,
+    **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
     from shoal.server.scheduler import Scheduler
@@ -105,6 +162,7 @@ def scheduler(
         raise click.BadParameter("cannot be negative", param_hint="--allowed-failures")
     if worker_ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="--worker-ttl")
+    security = make_security(options)
 
     async def serve() -> None:
         s = Scheduler(
@@ -114,6 +172,7 @@ def scheduler(
             owns_process=True,
             allowed_failures=allowed_failures,
             worker_ttl=worker_ttl,
+            security=security,
         )
         await s.start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
@@ -176,6 +235,7 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     "empty, instead of exiting.",
 )
 @click.option("--log-level", default="warning", show_default=True)
+@security_options
 def worker(
     address: str | None,
     scheduler_file: str | None,
@@ -191,11 +251,13 @@ def worker(
     scheduler_timeout: float,
     reconnect: bool,
     log_level: str,
+    **options: Any,
 ) -> None:
     """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
     from shoal.server.worker import Worker
 
     _setup_logging(log_level)
+    security = make_security(options)
     if address is None:
         if scheduler_file is None:
             raise click.UsageError("give the scheduler's ADDRESS or --scheduler-file")
@@ -223,6 +285,7 @@ def worker(
             owns_process=True,
             resources=amounts,
             scheduler_timeout=scheduler_timeout,
+            security=security,
         )
 
     async def serve() -> None:
@@ -254,11 +317,16 @@ async def _start_worker(
 ) -> Worker | None:
     """A started worker; tries again (a new one each time) while the scheduler is not
     listening yet, for up to ``timeout`` seconds. None: asked to stop meanwhile."""
+    from shoal.comm.tcp import HandshakeError
+
     deadline = time.monotonic() + timeout
     while not stopping.is_set():
         w = make()
         try:
             return await w.start()
+        except (HandshakeError, ValueError) as e:  # refused or misconfigured: final
+            await w.close()
+            raise click.ClickException(str(e)) from None
         except OSError as e:  # the scheduler may not be listening (yet, or again)
             await w.close()
             if time.monotonic() > deadline:

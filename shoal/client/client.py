@@ -29,6 +29,7 @@ from shoal.client.loop import LoopRunner
 from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
+from shoal.comm.security import Security
 from shoal.comm.tcp import connect
 from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.protocol import messages as m
@@ -50,7 +51,11 @@ T = TypeVar("T")
 
 class Client:
     """Connect to a scheduler (an address, a cluster object, or a new ``LocalCluster``
-    when none is given) and submit work to it."""
+    when none is given) and submit work to it.
+
+    ``security`` (token, TLS): by default the cluster object's, else that of a
+    ``LocalCluster`` of this process at that address, else from the environment
+    (``SHOAL_TOKEN``, ``SHOAL_TLS_*``)."""
 
     def __init__(
         self,
@@ -61,8 +66,10 @@ class Client:
         name: str = "",
         set_as_default: bool = True,
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
+        security: Security | None = None,
     ):
         self.asynchronous = asynchronous
+        self.security = security
         self.timeout = timeout
         # Seconds without an answer to a heartbeat before the scheduler counts as gone
         # (a frozen or unreachable scheduler closes no connection for us).
@@ -131,8 +138,12 @@ class Client:
             self.cluster = address
             address = address.scheduler_address
         self.scheduler_address = address
+        self.security = self._security_for(address)
+        self._worker_conns.security = self.security
         hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.name, pid=os.getpid())
-        self._conn, welcome = await connect(address, hello, timeout=self.timeout)
+        self._conn, welcome = await connect(
+            address, hello, timeout=self.timeout, security=self.security
+        )
         self.id = welcome.assigned
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
@@ -142,6 +153,15 @@ class Client:
             # Dask calls its scheduler synchronously: an asynchronous client's get
             # returns an awaitable, so it is never made the default.
             collections.set_default(self)
+
+    def _security_for(self, address: str) -> Security:
+        if self.security is not None:
+            return self.security
+        if getattr(self.cluster, "security", None) is not None:
+            return self.cluster.security
+        from shoal.deploy.local import security_of_local_cluster
+
+        return security_of_local_cluster(address) or Security.from_env()
 
     def close(self) -> Any:
         """Release every key this client holds and disconnect."""

@@ -5,6 +5,10 @@ loop iteration: a lone message goes out at once (no timer), while everything
 produced by handling one batch shares a frame. Incoming frames are decoded by the
 pure :class:`~shoal.protocol.framing.FrameDecoder`; a protocol violation closes this
 connection only, after telling the peer why.
+
+Before the first frame, a connection runs the authentication preamble
+(:mod:`shoal.comm.handshake`) on raw bytes: nothing reaches the decoder until the
+peer has proven it knows the cluster token.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from shoal.comm.handshake import AuthFailed, ConnectorHandshake, ListenerHandshake
 from shoal.core.story import InvalidState, InvalidTransition
 from shoal.protocol import messages as m
 from shoal.protocol.framing import (
@@ -45,9 +50,17 @@ class Connection(asyncio.Protocol):
     fatal_on_invalid_state = False
 
     def __init__(
-        self, on_frame: FrameHandler | None = None, max_frame_size: int = DEFAULT_MAX_FRAME
+        self,
+        on_frame: FrameHandler | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME,
+        handshake: ListenerHandshake | ConnectorHandshake | None = None,
+        handshake_timeout: float | None = None,
     ):
         self.on_frame = on_frame
+        self.handshake = handshake  # None once the preamble is over
+        self.auth_failure: str | None = None  # why the preamble failed, if it did
+        self._handshake_timeout = handshake_timeout
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self.on_close: Callable[[Connection, BaseException | None], None] | None = None
         self.decoder = FrameDecoder(max_frame_size)
         self.transport: asyncio.Transport | None = None
@@ -73,10 +86,22 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.handshake is not None:
+            transport.write(self.handshake.greeting())  # type: ignore[attr-defined]
+            if self._handshake_timeout is not None:
+                self._handshake_timer = self._loop.call_later(
+                    self._handshake_timeout,
+                    self._preamble_failed,
+                    f"no connection preamble within {self._handshake_timeout}s",
+                )
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.handshake is not None:
+            data = self._preamble_received(data)
+            if not data:
+                return
         try:
             frames = self.decoder.feed(data)
         except ProtocolError as e:
@@ -86,6 +111,37 @@ class Connection(asyncio.Protocol):
             if self.closed:
                 return
             self._dispatch(frame)
+
+    def _preamble_received(self, data: bytes) -> bytes:
+        """Feed the preamble; return what is left for the frame decoder once it is over."""
+        handshake = self.handshake
+        assert handshake is not None and self.transport is not None
+        try:
+            out, rest = handshake.feed(data)
+        except AuthFailed as e:
+            self._preamble_failed(str(e))
+            return b""
+        if out:
+            self.transport.write(out)
+        if handshake.may_send and self._out:
+            self.flush()  # frames queued behind our proof (the connector's Hello)
+        if not handshake.done:
+            return b""
+        self.handshake = None
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        return rest
+
+    def _preamble_failed(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.auth_failure = self.close_reason = reason
+        self._out.clear()
+        self._out_buffers.clear()
+        if isinstance(self.handshake, ListenerHandshake) and self.transport is not None:
+            logger.warning("refused a connection from %s: %s", self.peer, reason)
+            self.transport.write(self.handshake.refusal(reason))
+        self.close()
 
     def _dispatch(self, frame: Frame) -> None:
         msgs = frame.messages
@@ -127,6 +183,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         if self.close_reason is None:
             self.close_reason = f"connection to {self.peer} closed" + (f": {exc}" if exc else "")
         err = CommClosedError(self.close_reason)
@@ -172,6 +230,8 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         if not self._out or self.closed or self.transport is None:
             return
+        if self.handshake is not None and not self.handshake.may_send:
+            return  # sent once our part of the preamble is out
         out, bufs = self._out, self._out_buffers
         self._out, self._out_buffers = [], []
         self.transport.writelines(encode_frame(out, bufs))
@@ -222,6 +282,9 @@ class Connection(asyncio.Protocol):
     def abort(self, reason: str) -> None:
         """Tell the peer why, then close."""
         if self.closed:
+            return
+        if self.handshake is not None:
+            self._preamble_failed(reason)
             return
         logger.warning("closing connection to %s: %s", self.peer, reason)
         self.close_reason = reason

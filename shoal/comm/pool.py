@@ -10,16 +10,21 @@ import asyncio
 from collections.abc import Callable
 
 from shoal.comm.connection import Connection
+from shoal.comm.security import Security
 from shoal.comm.tcp import DEFAULT_CONNECT_TIMEOUT, connect
 from shoal.protocol import messages as m
 
 
 class ConnectionPool:
     def __init__(
-        self, hello: Callable[[], m.Hello], timeout: float = DEFAULT_CONNECT_TIMEOUT
+        self,
+        hello: Callable[[], m.Hello],
+        timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        security: Security | None = None,
     ) -> None:
         self._hello = hello
         self._timeout = timeout
+        self.security = security
         self._conns: dict[str, asyncio.Future[Connection]] = {}
 
     async def get(self, address: str) -> Connection:
@@ -31,7 +36,9 @@ class ConnectionPool:
         return await fut
 
     async def _open(self, address: str) -> Connection:
-        conn, _ = await connect(address, self._hello(), timeout=self._timeout)
+        conn, _ = await connect(
+            address, self._hello(), timeout=self._timeout, security=self.security
+        )
         return conn
 
     def close(self) -> None:

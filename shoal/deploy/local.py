@@ -4,6 +4,11 @@
 process, exactly as ``shoal scheduler`` / ``shoal worker`` would; ``processes=False``
 runs them all on one background event loop in this process (tests, notebooks).
 Every listener binds to loopback unless told otherwise.
+
+Every connection proves a cluster token, generated per cluster unless given
+(``token=False``: none); child processes get it through their environment, never
+their command line (which any user of the machine can read). ``cluster.security``
+is what a ``Client(cluster)`` uses to connect.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 import psutil
 
 from shoal.client.loop import LoopRunner, run
+from shoal.comm.security import Security, generate_token
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
@@ -41,6 +47,8 @@ class LocalCluster:
         timeout: float = 60.0,
         validate: bool = False,
         resources: Mapping[str, float] | None = None,
+        security: Security | None = None,
+        token: str | bool | None = None,
     ):
         ncores = os.cpu_count() or 1
         if n_workers is None:
@@ -57,6 +65,7 @@ class LocalCluster:
         self.timeout = timeout
         self.validate = validate
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
+        self.security = _cluster_security(security, token)
         self.scheduler_address = ""
         self.status = "starting"
         self._dir = tempfile.mkdtemp(prefix="shoal-cluster-")
@@ -82,6 +91,7 @@ class LocalCluster:
         # Workers import the caller's modules by name: give them the same path.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+        env.update(self.security.to_env())  # the token goes here, not on the command line
         return env
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
@@ -143,7 +153,7 @@ class LocalCluster:
 
         async def count() -> int:
             hello = m.Hello(m.PROTOCOL_VERSION, "client", name="local-cluster", subscribe=False)
-            conn, _ = await connect(self.scheduler_address, hello)
+            conn, _ = await connect(self.scheduler_address, hello, security=self.security)
             try:
                 reply, _ = await conn.request(lambda rid: m.InfoRequest(rid), timeout=10)
                 assert isinstance(reply, m.InfoReply)
@@ -171,7 +181,9 @@ class LocalCluster:
         self._runner = LoopRunner(name="shoal-local-cluster")
 
         async def start() -> None:
-            self._scheduler = await Scheduler(self.host, 0, validate=self.validate).start()
+            self._scheduler = await Scheduler(
+                self.host, 0, validate=self.validate, security=self.security
+            ).start()
             self.scheduler_address = self._scheduler.address
             for i in range(self.n_workers):
                 w = Worker(
@@ -181,6 +193,7 @@ class LocalCluster:
                     host=self.host,
                     validate=self.validate,
                     resources=self.resources,
+                    security=self.security,
                 )
                 self._workers.append(await w.start())
 
@@ -225,6 +238,27 @@ class LocalCluster:
             f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
             f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
         )
+
+
+def _cluster_security(security: Security | None, token: str | bool | None) -> Security:
+    """``security`` (default: from the environment) with the token chosen by ``token``:
+    None keeps its token or generates one, False means none, a string is the token."""
+    base = Security.from_env() if security is None else security
+    if token is False:
+        return base.with_token(None)
+    if token is None or token is True:
+        return base if base.token else base.with_token(generate_token())
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a string, None or False, not {type(token).__name__}")
+    return base.with_token(token)
+
+
+def security_of_local_cluster(address: str) -> Security | None:
+    """The security of a running LocalCluster of this process at ``address``."""
+    for cluster in list(_live):
+        if cluster.scheduler_address == address and cluster.status != "closed":
+            return cluster.security
+    return None
 
 
 def _format_resources(resources: Mapping[str, float]) -> str:

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from shoal.comm.connection import Connection
+from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, listen
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
@@ -48,7 +49,9 @@ class Scheduler:
         owns_process: bool = False,
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
+        security: Security | None = None,
     ):
+        self.security = security or Security()  # token / TLS for every connection
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
         self.host = host
         self.port = port
@@ -89,7 +92,7 @@ class Scheduler:
         if self.owns_process:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
-        self._server, self.address = await listen(self.host, self.port, self._accept)
+        self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         logger.info("scheduler at %s", self.address)
         return self

@@ -25,6 +25,7 @@ import psutil
 
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
+from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
 from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.core.worker_state import (
@@ -87,6 +88,7 @@ class Worker:
         owns_process: bool = False,
         resources: Mapping[str, float] | None = None,
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
+        security: Security | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -108,7 +110,11 @@ class Worker:
         self.functions = FunctionCache()
         self.scheduler: Connection | None = None
         self._server: asyncio.Server | None = None
-        self._peers = ConnectionPool(lambda: m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address))
+        self.security = security or Security()  # token / TLS for every connection
+        self._peers = ConnectionPool(
+            lambda: m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address),
+            security=self.security,
+        )
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._results: list[Any] = []
@@ -125,7 +131,9 @@ class Worker:
             tune_gc()
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
-        self._server, self.address = await listen(self.host, self.port, self._accept_peer)
+        self._server, self.address = await listen(
+            self.host, self.port, self._accept_peer, self.security
+        )
         self.state = WorkerState(
             self.nthreads, self.address, validate=self.validate, resources=self.resources
         )
@@ -139,7 +147,9 @@ class Worker:
             pid=os.getpid(),
             resources=self.resources,
         )
-        self.scheduler, welcome = await connect(self.scheduler_address, hello)
+        self.scheduler, welcome = await connect(
+            self.scheduler_address, hello, security=self.security
+        )
         self.name = welcome.assigned
         self.scheduler.on_close = self._scheduler_lost
         self.scheduler.set_handler(self._on_scheduler_frame)

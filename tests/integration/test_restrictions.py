@@ -69,7 +69,7 @@ def gpu_cluster() -> Iterator[GpuCluster]:
         gpu = subprocess.Popen(
             [sys.executable, "-m", "shoal", "worker", cluster.scheduler_address]
             + ["--nthreads", "2", "--name", "gpu", "--resources", "GPU=1", "--validate"],
-            env=_child_env(),
+            env={**_child_env(), **cluster.security.to_env()},  # its token
             stdin=subprocess.DEVNULL,
         )
         try:

@@ -10,9 +10,11 @@ import time
 
 import msgspec
 import pytest
+from rawsock import authenticated_socket
 
 from shoal import Client, LocalCluster
-from shoal.comm.tcp import HandshakeError, connect, parse_address
+from shoal.comm.security import Security
+from shoal.comm.tcp import HandshakeError, connect
 from shoal.protocol import messages as m
 from shoal.protocol.framing import FrameDecoder, encode_frame
 
@@ -73,12 +75,12 @@ GARBAGE = {
 def test_malformed_connection_is_closed(cluster: LocalCluster, client: Client, case: str) -> None:
     # a client connected before the garbage arrives keeps working through it
     assert client.submit(inc, 1).result(timeout=30) == 2
-    host, port = parse_address(cluster.scheduler_address)
-    with socket.create_connection((host, port), timeout=10) as sock:
+    sock, start = authenticated_socket(cluster.scheduler_address, cluster.security)
+    with sock:
         for chunk in GARBAGE[case]:
             sock.sendall(chunk)
             time.sleep(0.05)
-        reply = read_until_closed(sock, timeout=10)
+        reply = start + read_until_closed(sock, timeout=10)
     # the scheduler says why before it closes (after a Welcome, if the Hello was fine)
     messages = [msg for f in FrameDecoder().feed(reply) for msg in f.messages]
     assert messages, "the connection was closed without a Refused message"
@@ -94,17 +96,17 @@ def test_malformed_connection_is_closed(cluster: LocalCluster, client: Client, c
 
 
 def test_half_a_frame_then_close(cluster: LocalCluster, client: Client) -> None:
-    host, port = parse_address(cluster.scheduler_address)
-    with socket.create_connection((host, port), timeout=10) as sock:
+    sock, _ = authenticated_socket(cluster.scheduler_address, cluster.security)
+    with sock:
         sock.sendall(frame(_hello())[:5])
     assert client.submit(inc, 10).result(timeout=30) == 11
 
 
-def _refused_version(address: str, version: int) -> HandshakeError:
+def _refused_version(address: str, version: int, security: Security) -> HandshakeError:
     async def attempt() -> HandshakeError:
         hello = m.Hello(version, "client", name="from-the-future")
         try:
-            conn, _ = await connect(address, hello, timeout=10)
+            conn, _ = await connect(address, hello, timeout=10, security=security)
         except HandshakeError as e:
             return e
         conn.close()
@@ -114,7 +116,7 @@ def _refused_version(address: str, version: int) -> HandshakeError:
 
 
 def test_wrong_protocol_version_is_refused(cluster: LocalCluster, client: Client) -> None:
-    err = _refused_version(cluster.scheduler_address, 999)
+    err = _refused_version(cluster.scheduler_address, 999, cluster.security)
     text = str(err)
     assert "999" in text
     assert f"version {m.PROTOCOL_VERSION}" in text
@@ -126,7 +128,7 @@ def test_wrong_protocol_version_is_refused_by_a_worker(
     cluster: LocalCluster, client: Client
 ) -> None:
     worker = sorted(client.scheduler_info()["workers"])[0]
-    err = _refused_version(worker, 999)
+    err = _refused_version(worker, 999, cluster.security)
     assert "version 999" in str(err)
     assert f"version {m.PROTOCOL_VERSION}" in str(err)
     assert client.submit(inc, 6).result(timeout=30) == 7

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from shoal.comm.connection import Connection
-from shoal.comm.tcp import HandshakeError, check_hello, listen
+from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
@@ -124,6 +124,11 @@ class Scheduler:
         address = hello.address
         if not address or address in self._workers:
             conn.abort(f"invalid or duplicate worker address {address!r}")
+            return
+        try:  # peers and clients will connect there: refuse what they could not
+            parse_address(address)
+        except ValueError as e:
+            conn.abort(f"invalid worker address: {e}")
             return
         if hello.nthreads < 1:
             conn.abort(f"a worker needs at least one thread, not {hello.nthreads}")

@@ -67,6 +67,8 @@ def decode_body(body: bytes | memoryview) -> list[Message]:
         raise ProtocolError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:
         raise ProtocolError(f"malformed message body: {e}") from None
+    except UnicodeDecodeError as e:  # msgspec lets this one through as it is
+        raise ProtocolError(f"malformed message body: a string is not UTF-8 ({e})") from None
 
 
 # The messages whose ``payloads`` own the frame's out-of-band buffers, in message order.

@@ -259,6 +259,11 @@ BAD_FRAMES = [
         ["malformed message body"],
     ),
     (
+        "not-utf8",
+        HEADER.pack(b"SH", 0, 13) + b"\x91\x92\xa7Refused\xa2\xff\xfe",
+        ["malformed message body", "not UTF-8"],
+    ),
+    (
         "deep-nesting",
         HEADER.pack(b"SH", 0, 100_013) + b"\x91\x92\xa8FreeKeys\x91" + b"\x91" * 100_000 + b"\x01",
         ["message"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -28,7 +29,6 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
-from conftest import child_env
 from tasks import wait_for_file
 
 from shoal import Client
@@ -138,6 +138,12 @@ def raw_connect_and_hello(to: str, role: str = "client", **fields: object) -> It
 
 
 # ------------------------------------------------------------------------ processes
+
+
+def child_env() -> dict[str, str]:
+    """Our import path, so that the processes can import the test modules' tasks."""
+    paths = [os.getcwd(), *(p for p in sys.path if p and os.path.isdir(p))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 class Processes:

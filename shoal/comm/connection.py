@@ -146,7 +146,11 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, frame: Frame) -> None:
         msgs = frame.messages
         if self._pending and any(type(msg) in _REPLIES for msg in msgs):
-            frame = self._resolve_replies(frame)
+            try:
+                frame = self._resolve_replies(frame)
+            except ProtocolError as e:
+                self.abort(f"protocol error from {self.peer}: {e}")
+                return
             if not frame.messages:
                 return
         if self.on_frame is None:

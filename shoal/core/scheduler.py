@@ -329,7 +329,9 @@ class SchedulerState(Placement, Membership):
         self._transitions(recs, msg.stimulus_id)
 
     def _release_keys(self, cs: ClientRecord, msg: m.ReleaseKeys) -> None:
-        tasks = [self.tasks[k] for k in msg.keys if k in self.tasks]
+        # Only what this client wants: another's graph being submitted in parts is
+        # wanted by nobody yet, and must not be forgotten under it.
+        tasks = [ts for k in msg.keys if (ts := self.tasks.get(k)) is not None and ts in cs.wants]
         self._release_wants(cs, tasks, msg.stimulus_id)
 
     def _release_wants(

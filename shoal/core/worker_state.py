@@ -669,10 +669,14 @@ class WorkerState:
             self._log((key, "UpdateData", ev.stimulus_id))
             self.data[key] = value
             ts.nbytes = ev.nbytes.get(key, ts.nbytes)
+            assigned = ts.run_spec is not None and ts.wanted  # the scheduler awaits a result
             ts.wanted = True
             ts.resume = None
             if ts.state != "memory":
                 self._transition(ts, "memory", ev.stimulus_id)
+            if assigned:  # its own result will be dropped: report this one (untimed)
+                msg = m.TaskFinished(key, ts.nbytes, 0.0, 0.0, stimulus_id=ev.stimulus_id)
+                self._out.append(SendMessage(msg, ev.stimulus_id))
 
     # --- starting work ------------------------------------------------------------------
 

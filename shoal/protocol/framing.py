@@ -17,12 +17,12 @@ caller answers by closing that one connection.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from shoal.protocol.messages import AnyMessage, Message
+from shoal.protocol.messages import ALL_MESSAGES, AnyMessage, Message
 
 MAGIC = b"SH"
 _HEADER = struct.Struct("!2sHI")
@@ -67,6 +67,21 @@ def decode_body(body: bytes | memoryview) -> list[Message]:
         raise ProtocolError(f"invalid message: {e}") from None
     except msgspec.DecodeError as e:
         raise ProtocolError(f"malformed message body: {e}") from None
+    except UnicodeDecodeError as e:  # msgspec lets this one through as it is
+        raise ProtocolError(f"malformed message body: a string is not UTF-8 ({e})") from None
+
+
+# The messages whose ``payloads`` own the frame's out-of-band buffers, in message order.
+_OWN_BUFFERS = frozenset(t for t in ALL_MESSAGES if "payloads" in t.__struct_fields__)
+
+
+def _claimed_buffers(messages: list[Message]) -> int:
+    n = 0
+    for msg in messages:
+        if type(msg) in _OWN_BUFFERS:
+            for p in msg.payloads:  # type: ignore[attr-defined]
+                n += p.nbuffers
+    return n
 
 
 class Frame:
@@ -77,16 +92,24 @@ class Frame:
         self.buffers = buffers
 
 
-def message_buffers(frame: Frame) -> Iterator[tuple[Message, list[memoryview]]]:
+def message_buffers(frame: Frame) -> list[tuple[Message, list[memoryview]]]:
     """Each message of a frame with the out-of-band buffers its payloads own (the
-    frame carries them in message order)."""
-    cursor = 0
+    frame carries them in message order). ProtocolError, before any message is
+    handed out, if the payloads claim other than the buffers the frame carries."""
     buffers = frame.buffers
+    claimed = _claimed_buffers(frame.messages)
+    if claimed != len(buffers):
+        raise ProtocolError(
+            f"the payloads of a frame claim {claimed} out-of-band buffers "
+            f"but it carries {len(buffers)}"
+        )
+    out = []
+    cursor = 0
     for msg in frame.messages:
-        payloads = getattr(msg, "payloads", None)
-        n = sum(p.nbuffers for p in payloads) if payloads else 0
-        yield msg, buffers[cursor : cursor + n]
+        n = _claimed_buffers([msg]) if type(msg) in _OWN_BUFFERS else 0
+        out.append((msg, buffers[cursor : cursor + n]))
         cursor += n
+    return out
 
 
 class FrameDecoder:

@@ -80,11 +80,21 @@ class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
     kind: int
     data: bytes
-    nbuffers: int = 0
+    nbuffers: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, gc=False, omit_defaults=True):
     """Base of every wire message."""
+
+
+def _check_parallel(msg: Message, name: str, values: list[Any], what: str) -> None:
+    """Lists that go pairwise with ``keys`` must be as long: zip would drop the rest
+    silently. Raised while decoding, this is a ValidationError (a ProtocolError)."""
+    keys = msg.keys  # type: ignore[attr-defined]
+    if len(keys) != len(values):
+        raise ValueError(
+            f"{type(msg).__name__} has {len(keys)} keys but {len(values)} {what} ({name})"
+        )
 
 
 # --- handshake -------------------------------------------------------------------
@@ -176,6 +186,9 @@ class ScatterDone(Message):
     nbytes: list[int]
     worker: str
     stimulus_id: str = ""
+
+    def __post_init__(self) -> None:
+        _check_parallel(self, "nbytes", self.nbytes, "sizes")
 
 
 class WhoHasRequest(Message):
@@ -298,6 +311,9 @@ class AddKeys(Message):
     nbytes: list[int]
     stimulus_id: str = ""
 
+    def __post_init__(self) -> None:
+        _check_parallel(self, "nbytes", self.nbytes, "sizes")
+
 
 class MissingData(Message):
     """``key`` could not run: ``missing`` were not found on any worker we were told of."""
@@ -322,11 +338,17 @@ class DataReply(Message):
     missing: list[Key] = []
     failed: list[tuple[Key, str]] = []  # held, but could not be serialised: why
 
+    def __post_init__(self) -> None:
+        _check_parallel(self, "payloads", self.payloads, "payloads")
+
 
 class UpdateData(Message):
     request_id: int
     keys: list[Key]
     payloads: list[Payload]
+
+    def __post_init__(self) -> None:
+        _check_parallel(self, "payloads", self.payloads, "payloads")
 
 
 class Ack(Message):

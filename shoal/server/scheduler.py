@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
-from shoal.comm.tcp import HandshakeError, check_hello, listen
+from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
@@ -142,6 +142,11 @@ class Scheduler:
         address = hello.address
         if not address or address in self._workers:
             conn.abort(f"invalid or duplicate worker address {address!r}")
+            return
+        try:  # peers and clients will connect there: refuse what they could not
+            parse_address(address)
+        except ValueError as e:
+            conn.abort(f"invalid worker address: {e}")
             return
         if hello.nthreads < 1:
             conn.abort(f"a worker needs at least one thread, not {hello.nthreads}")

@@ -473,6 +473,22 @@ def test_update_data_over_a_running_task_waits_for_its_thread():
     assert "a" not in ws.tasks
 
 
+def test_update_data_over_an_assigned_task_reports_it_finished():
+    """The running task's own result is dropped, so the scheduler, which awaits one,
+    hears of the scattered value instead (untimed); otherwise it would wait forever."""
+    ws = make()
+    run(ws, compute("a"), compute("b"))  # one thread: "b" is ready, not running
+    assert states(ws) == {"a": "executing", "b": "ready"}
+    out = ws.handle(UpdateDataEvent({"a": 7, "b": 8, "c": 9}, {"a": 1, "b": 2, "c": 3}, "s"))
+    assert out == [
+        SendMessage(TaskFinished("a", 1, 0.0, 0.0, stimulus_id="s"), "s"),
+        SendMessage(TaskFinished("b", 2, 0.0, 0.0, stimulus_id="s"), "s"),
+    ]
+    assert states(ws) == {"a": "memory", "b": "memory", "c": "memory"}
+    assert ws.handle(ok("a")) == []  # the thread's result is dropped
+    assert ws.data == {"a": 7, "b": 8, "c": 9}
+
+
 # --- transitions, story, validation ------------------------------------------------------
 
 

@@ -117,6 +117,8 @@ class Scheduler:
             self._add_worker(conn, hello)
         elif hello.role == "client":
             self._add_client(conn, hello)
+        elif hello.role == "nanny":  # INTERIM (branch nanny): the lead's scheduler replaces this
+            self._add_nanny_interim(conn, hello)
         else:
             conn.abort(f"the scheduler does not accept role {hello.role!r}")
 
@@ -132,8 +134,16 @@ class Scheduler:
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name or address))
 
         def on_frame(conn: Connection, frame: Frame) -> None:
+            # INTERIM (branch nanny): the core does not know these yet; logged, not applied
+            interim = (m.WorkerStatus, m.KeyUnserializable)
+            for msg in frame.messages:
+                if isinstance(msg, interim):
+                    logger.info("worker %s: %r (not handled yet)", address, msg)
+            msgs = [msg for msg in frame.messages if not isinstance(msg, interim)]
+            if not msgs:
+                return
             try:
-                self.state.handle_worker(address, *frame.messages)
+                self.state.handle_worker(address, *msgs)
             except TypeError as e:
                 raise ProtocolError(str(e)) from None
 
@@ -156,6 +166,18 @@ class Scheduler:
         logger.info(
             "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources
         )
+
+    def _add_nanny_interim(self, conn: Connection, hello: m.Hello) -> None:
+        """INTERIM (branch nanny): welcome a nanny and log its WorkerExited reports."""
+        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name))
+
+        def on_frame(conn: Connection, frame: Frame) -> None:
+            for msg in frame.messages:
+                if not isinstance(msg, m.WorkerExited):
+                    raise ProtocolError(f"a nanny may not send {type(msg).__name__}")
+                logger.info("nanny %s: %r", hello.name, msg)
+
+        conn.set_handler(on_frame)
 
     def _add_client(self, conn: Connection, hello: m.Hello) -> None:
         client_id = f"client-{next(self._client_ids)}-{hello.name or 'anonymous'}"

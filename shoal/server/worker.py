@@ -13,6 +13,8 @@ import itertools
 import logging
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import traceback
@@ -32,7 +34,10 @@ from shoal.core.worker_state import (
     GatherDep,
     GatherFailure,
     GatherSuccess,
+    Pause,
     SendMessage,
+    Unpause,
+    UnserializableData,
     UpdateDataEvent,
     WorkerState,
 )
@@ -49,7 +54,9 @@ from shoal.protocol.serialize import (
     loads_values,
     sizeof,
 )
+from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
+from shoal.server.spill import SpillBuffer
 
 logger = logging.getLogger("shoal.worker")
 
@@ -84,6 +91,8 @@ class Worker:
         validate: bool = False,
         owns_process: bool = False,
         resources: Mapping[str, float] | None = None,
+        memory_fractions: MemoryFractions | None = None,
+        local_directory: str | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -94,11 +103,16 @@ class Worker:
         self.host = host
         self.port = port
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
+        self.memory_fractions = MemoryFractions() if memory_fractions is None else memory_fractions
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
+        # Spill files go here; removed on close (and by the nanny, should we die).
+        self.local_directory = os.path.join(local_directory or tempfile.gettempdir(), self.id)
+        self._spill: SpillBuffer | None = None
+        self._memory: MemoryMonitor | None = None
         self.state: WorkerState | None = None
         self.functions = FunctionCache()
         self.scheduler: Connection | None = None
@@ -121,8 +135,19 @@ class Worker:
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
         self._server, self.address = await listen(self.host, self.port, self._accept_peer)
+        target, spill, pause, _ = self.memory_fractions  # terminating is the nanny's
+        if target is not None or spill is not None:
+            self._spill = SpillBuffer(
+                os.path.join(self.local_directory, "spill"),
+                target=None if target is None else int(target * self.memory_limit),
+                on_unserializable=self._unserializable,
+            )
         self.state = WorkerState(
-            self.nthreads, self.address, validate=self.validate, resources=self.resources
+            self.nthreads,
+            self.address,
+            validate=self.validate,
+            resources=self.resources,
+            data=self._spill,
         )
         hello = m.Hello(
             m.PROTOCOL_VERSION,
@@ -142,6 +167,11 @@ class Worker:
             t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+        if spill is not None or pause is not None:
+            self._memory = MemoryMonitor(
+                self.memory_limit, self.memory_fractions, self._spill, self._set_paused
+            )
+            self._spawn(self._monitor_memory())
         logger.info("worker %s connected to %s", self.address, self.scheduler_address)
         return self
 
@@ -160,6 +190,9 @@ class Worker:
             task.cancel()
         for t in self._threads:
             await asyncio.to_thread(t.join, 5)
+        if self._spill is not None:
+            self._spill.close()
+        shutil.rmtree(self.local_directory, ignore_errors=True)
 
     async def finished(self) -> None:
         await self._closed.wait()
@@ -168,6 +201,33 @@ class Worker:
         if not self._closed.is_set():
             logger.info("lost the scheduler (%s); closing", conn.close_reason)
             self._spawn(self.close())
+
+    def memory_metrics(self) -> tuple[int, int]:
+        """(process memory, bytes of spilled results on disk), for heartbeats."""
+        rss = self._memory.rss if self._memory is not None else process_memory()
+        return rss, self._spill.spilled_bytes if self._spill is not None else 0
+
+    async def _monitor_memory(self) -> None:
+        assert self._memory is not None
+        while not self._closed.is_set():
+            await asyncio.sleep(MONITOR_INTERVAL)
+            self._memory.check()
+
+    def _set_paused(self, paused: bool) -> None:
+        sid = f"memory-{next(self._stimulus)}"
+        self._handle([Pause(sid) if paused else Unpause(sid)])
+
+    def _unserializable(self, key: Any, reason: str) -> None:
+        """The SpillBuffer could not pickle a result: from any thread, and maybe from
+        inside ``_handle`` itself, so the event is handled on a later loop iteration."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._report_unserializable, [(key, reason)])
+
+    def _report_unserializable(self, failed: list[tuple[Any, str]]) -> None:
+        if not self._closed.is_set():
+            sid = f"unserializable-{next(self._stimulus)}"
+            self._handle([UnserializableData(key, reason, sid) for key, reason in failed])
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -361,6 +421,8 @@ class Worker:
             payloads.append(payload)
             buffers.extend(bufs)
         conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
+        if failed:  # the scheduler errs these tasks: no one can ever get their results
+            self._report_unserializable(failed)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
         data = loads_values(msg.keys, msg.payloads, buffers)

@@ -205,6 +205,8 @@ class Nanny:
             await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:
             logger.warning("worker %s ignored SIGTERM for %.1fs: SIGKILL", self.name, grace)
+            if self._memory_killed:
+                self._memory_killed += f"; it ignored SIGTERM for {grace:g}s: SIGKILL"
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()

@@ -288,7 +288,6 @@ class Worker:
         """A task thread: run one task after another, hand results to the loop."""
         assert self.state is not None
         data = self.state.data
-        get_func = self.functions.get
 
         def resolve(key: Any) -> Any:
             value = data[key]
@@ -298,47 +297,59 @@ class Worker:
                 )
             return value
 
-        coroutines: asyncio.Runner | None = None  # this thread's loop for async tasks
+        coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
         while True:
             item = self._queue.get()
             if item is None:
-                if coroutines is not None:
-                    coroutines.close()
+                for runner in coroutines:
+                    runner.close()
                 return
-            key, func_id, payload = item
-            start = time.time()
-            try:
-                func = get_func(func_id)
-                args, kwargs = loads_task_args(payload, resolve, get_func)
-                value = func(*args, **kwargs)
-                if inspect.iscoroutine(value):
-                    # An async task runs to completion on a loop of this thread's own,
-                    # so a coroutine that blocks cannot stall the worker's messages.
-                    if coroutines is None:
-                        coroutines = asyncio.Runner()
-                    value = coroutines.run(value)
-                stop = time.time()
-                event: Any = ExecuteSuccess(
-                    key=key,
-                    value=value,
-                    nbytes=sizeof(value),
-                    inline=dumps_inline(value),
-                    type_name=type(value).__name__,
-                    start=start,
-                    stop=stop,
-                    stimulus_id=f"task-finished-{stop}",
-                )
-            except BaseException as e:  # a failing task errs its future, never the worker
-                stop = time.time()
-                event = ExecuteFailure(
-                    key=key,
-                    exception=dumps_exception(e),
-                    traceback="".join(traceback.format_exception(e)),
-                    start=start,
-                    stop=stop,
-                    stimulus_id=f"task-erred-{stop}",
-                )
-            self._push_result(event)
+            # Nothing of a task (arguments, result) stays referenced here while the thread
+            # waits for the next one: the worker may drop or spill it meanwhile.
+            self._push_result(self._run_one(*item, resolve, coroutines))
+            item = None
+
+    def _run_one(
+        self,
+        key: Any,
+        func_id: str,
+        payload: m.Payload,
+        resolve: Any,
+        coroutines: list[asyncio.Runner],
+    ) -> ExecuteSuccess | ExecuteFailure:
+        get_func = self.functions.get
+        start = time.time()
+        try:
+            func = get_func(func_id)
+            args, kwargs = loads_task_args(payload, resolve, get_func)
+            value = func(*args, **kwargs)
+            if inspect.iscoroutine(value):
+                # An async task runs to completion on a loop of this thread's own,
+                # so a coroutine that blocks cannot stall the worker's messages.
+                if not coroutines:
+                    coroutines.append(asyncio.Runner())
+                value = coroutines[0].run(value)
+            stop = time.time()
+            return ExecuteSuccess(
+                key=key,
+                value=value,
+                nbytes=sizeof(value),
+                inline=dumps_inline(value),
+                type_name=type(value).__name__,
+                start=start,
+                stop=stop,
+                stimulus_id=f"task-finished-{stop}",
+            )
+        except BaseException as e:  # a failing task errs its future, never the worker
+            stop = time.time()
+            return ExecuteFailure(
+                key=key,
+                exception=dumps_exception(e),
+                traceback="".join(traceback.format_exception(e)),
+                start=start,
+                stop=stop,
+                stimulus_id=f"task-erred-{stop}",
+            )
 
     def _push_result(self, event: Any) -> None:
         with self._results_lock:

@@ -14,6 +14,7 @@ it through its state machine, never this mapping on its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -106,22 +107,20 @@ class SpillBuffer(MutableMapping[Key, Any]):
             return set(self._slow)
 
     def evict(self) -> int:
-        """Write the least recently used spillable value to disk. Returns its estimated
-        size, or 0 if every value in memory is unspillable (or the disk failed)."""
+        """Write the least recently used value that can be pickled to disk. Returns its
+        estimated size (at least 1), or 0 if no value in memory can go (or the disk failed)."""
         with self._lock:
-            for key in self._fast:
-                if key not in self._unspillable:
+            while True:  # the least recently used value that can be pickled
+                key = next((k for k in self._fast if k not in self._unspillable), None)
+                if key is None:
+                    return 0
+                try:
+                    payload, buffers = dumps_value(self._fast[key])
                     break
-            else:
-                return 0
-            value = self._fast[key]
-            try:
-                payload, buffers = dumps_value(value)
-            except SerializationError as e:
-                self._unspillable.add(key)
-                if self.on_unserializable is not None:
-                    self.on_unserializable(key, str(e))
-                return self.evict()  # the next one, if any
+                except SerializationError as e:
+                    self._unspillable.add(key)
+                    if self.on_unserializable is not None:
+                        self.on_unserializable(key, str(e))
             try:
                 path, nbytes = self._write(payload, buffers)
             except OSError as e:  # e.g. a full disk: keep everything in memory
@@ -133,7 +132,7 @@ class SpillBuffer(MutableMapping[Key, Any]):
             self._slow[key] = (path, size, nbytes)
             self.spilled_bytes += nbytes
             self.spill_count += 1
-            return size
+            return max(size, 1)  # an empty array weighs 0 bytes, but was spilled
 
     def clear(self) -> None:
         """Forget every value and remove the spill files."""
@@ -162,19 +161,23 @@ class SpillBuffer(MutableMapping[Key, Any]):
 
     def _write(self, payload: Payload, buffers: list[memoryview]) -> tuple[str, int]:
         self._files += 1
-        if self._files == 1:
-            os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"{self._files}.spill")
         header = msgspec.msgpack.encode(
             [payload.kind, len(payload.data), [b.nbytes for b in buffers]]
         )
-        with open(path, "wb") as f:
-            f.write(_HEADER.pack(len(header)))
-            f.write(header)
-            f.write(payload.data)
-            for b in buffers:
-                f.write(b)
-            return path, f.tell()
+        try:
+            with open(path, "wb") as f:
+                f.write(_HEADER.pack(len(header)))
+                f.write(header)
+                f.write(payload.data)
+                for b in buffers:
+                    f.write(b)
+                return path, f.tell()
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # no half-written file left behind
+            raise
 
 
 def _read(path: str) -> Any:

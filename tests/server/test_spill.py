@@ -117,3 +117,23 @@ def test_threads_read_while_another_writes(tmp_path: Path) -> None:
     assert not errors, errors[0]
     assert len(buf) == n and buf.memory_bytes <= 3 * 100_000
     assert len(files(tmp_path)) == len(buf.spilled_keys) == n - 3
+
+
+def test_many_unpicklable_values_do_not_exhaust_the_stack(tmp_path: Path) -> None:
+    reports: list[object] = []
+    buf = SpillBuffer(str(tmp_path), target=None, on_unserializable=lambda k, r: reports.append(k))
+    for i in range(3000):
+        buf[i] = threading.Lock()
+    buf["array"] = array(1)
+    assert buf.evict() > 0
+    assert buf.spilled_keys == {"array"} and len(reports) == 3000
+    assert buf.evict() == 0
+
+
+def test_a_failed_write_keeps_the_value_in_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    buf = SpillBuffer(str(blocker / "spill"), target=None)
+    buf["a"] = array(1)
+    assert buf.evict() == 0
+    assert buf.spilled_keys == set() and buf["a"][0] == 1.0

@@ -38,12 +38,17 @@ def _stop_on_signals(stop: Any) -> None:
         loop.add_signal_handler(sig, stop)
 
 
-async def _watch_pid(pid: int, stop: Any) -> None:
-    """Stop when the process that started us is gone (LocalCluster's owner)."""
+async def _watch_pid(pid: int, stop: Any, interval: float = 1.0) -> None:
+    """Stop when the process that started us is gone (LocalCluster's owner, a nanny).
+    Our parent is watched by its pid being our parent's: no mistake on a reused pid."""
     import psutil
 
-    while psutil.pid_exists(pid):
-        await asyncio.sleep(1.0)
+    if pid == os.getppid():
+        while os.getppid() == pid:
+            await asyncio.sleep(interval)
+    else:
+        while psutil.pid_exists(pid):
+            await asyncio.sleep(interval)
     stop()
 
 
@@ -210,7 +215,46 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option("--name", default="", help="A name for this worker.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface for peers.")
 @click.option("--port", default=0, show_default=True, help="Port for peers (0: any free).")
-@click.option("--memory-limit", type=int, default=None, help="Bytes (default: total RAM).")
+@click.option(
+    "--nanny/--no-nanny",
+    default=False,
+    show_default=True,
+    help="Run the worker under a nanny process that restarts it when it dies.",
+)
+@click.option(
+    "--memory-limit",
+    default="auto",
+    show_default=True,
+    help='Bytes ("4GiB", "200MB", "2e9"), a fraction of this machine ("0.5"), "auto" '
+    '(the machine shared by threads) or "none".',
+)
+@click.option(
+    "--memory-target-fraction",
+    default="0.6",
+    show_default=True,
+    help='Results in memory past this much of the limit go to disk ("off": never).',
+)
+@click.option(
+    "--memory-spill-fraction",
+    default="0.7",
+    show_default=True,
+    help="Process memory past this much of the limit: results go to disk.",
+)
+@click.option(
+    "--memory-pause-fraction",
+    default="0.8",
+    show_default=True,
+    help="Process memory past this much of the limit: start no task until it falls.",
+)
+@click.option(
+    "--memory-terminate-fraction",
+    default="0.95",
+    show_default=True,
+    help="Process memory past this much of the limit: the nanny restarts the worker.",
+)
+@click.option("--local-directory", default=None, help="For spill files (default: temp dir).")
+@click.option("--watch-pid", type=int, help="Exit when this process exits.")
+@click.option("--address-file", hidden=True, help="Write the worker's address here (nanny).")
 @click.option("--zero", is_flag=True, help="Report every task done at once (benchmarks).")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option(
@@ -243,7 +287,15 @@ def worker(
     name: str,
     host: str,
     port: int,
-    memory_limit: int | None,
+    nanny: bool,
+    memory_limit: str,
+    memory_target_fraction: str,
+    memory_spill_fraction: str,
+    memory_pause_fraction: str,
+    memory_terminate_fraction: str,
+    local_directory: str | None,
+    watch_pid: int | None,
+    address_file: str | None,
     zero: bool,
     validate: bool,
     resources: str,
@@ -254,6 +306,7 @@ def worker(
     **options: Any,
 ) -> None:
     """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
+    from shoal.server.memory import MemoryFractions, parse_fraction, parse_memory_limit
     from shoal.server.worker import Worker
 
     _setup_logging(log_level)
@@ -268,24 +321,57 @@ def worker(
         amounts = parse_resources(resources)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--resources") from None
+    try:
+        limit = parse_memory_limit(memory_limit, nthreads)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--memory-limit") from None
+    fraction_options = {
+        "--memory-target-fraction": memory_target_fraction,
+        "--memory-spill-fraction": memory_spill_fraction,
+        "--memory-pause-fraction": memory_pause_fraction,
+        "--memory-terminate-fraction": memory_terminate_fraction,
+    }
+    try:
+        fractions = MemoryFractions(*map(parse_fraction, fraction_options.values()))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if limit is None:  # no limit: no thresholds
+        fractions = MemoryFractions(None, None, None, None)
+    name = name or f"{os.uname().nodename}-{os.getpid()}"
+    if nanny:
+        passed = [
+            *("--nthreads", str(nthreads), "--host", host, "--port", str(port)),
+            *[arg for option, value in fraction_options.items() for arg in (option, value)],
+            *(["--zero"] if zero else []),
+            *(["--validate"] if validate else []),
+            *(["--resources", resources] if resources else []),
+            *("--log-level", log_level),
+            *("--scheduler-timeout", str(scheduler_timeout)),
+            *(["--reconnect"] if reconnect else []),
+        ]
+        _run_nanny(
+            address, name, passed, limit, fractions.terminate, local_directory, timeout, security
+        )
+        return
 
-    worker_name = name or f"{os.uname().nodename}-{os.getpid()}"
     log = logging.getLogger("shoal.worker")
 
     def make_worker() -> Worker:
         return Worker(
             address,
             nthreads,
-            name=worker_name,
+            name=name,
             host=host,
             port=port,
-            memory_limit=memory_limit,
+            memory_limit=limit,
             zero=zero,
             validate=validate,
             owns_process=True,
             resources=amounts,
             scheduler_timeout=scheduler_timeout,
             security=security,
+            memory_fractions=fractions,
+            local_directory=local_directory,
         )
 
     async def serve() -> None:
@@ -298,16 +384,25 @@ def worker(
                 asyncio.ensure_future(w.close("stopped"))
 
         _stop_on_signals(stop)
+        watching = None  # a reference, so the task is not collected while it runs
+        if watch_pid:  # our nanny: never outlive it
+            watching = asyncio.ensure_future(_watch_pid(watch_pid, stop, interval=0.2))
         while not stopping.is_set():
             w = await _start_worker(make_worker, timeout, stopping)
             if w is None:
                 return
             current[:] = [w]
+            if stopping.is_set():  # asked to stop while it was starting
+                await w.close("stopped")
+                return
+            if address_file:
+                _write_atomically(address_file, w.address)
             log.info("shoal worker at %s", w.address)
             await w.finished()
             if not (reconnect and w.close_reason.startswith("lost the scheduler")):
                 return
             log.warning("%s; joining it again when it is back", w.close_reason)
+        del watching
 
     run(serve())
 
@@ -333,6 +428,44 @@ async def _start_worker(
                 raise click.ClickException(str(e)) from None
             await asyncio.sleep(0.2)
     return None
+
+
+def _run_nanny(
+    address: str,
+    name: str,
+    worker_args: list[str],
+    memory_limit: int | None,
+    terminate: float | None,
+    local_directory: str | None,
+    timeout: float,
+    security: Any,
+) -> None:
+    from shoal.server.nanny import Nanny
+
+    async def supervise() -> int:
+        nanny = Nanny(
+            address,
+            name,
+            worker_args,
+            memory_limit=memory_limit,
+            terminate_fraction=terminate,
+            local_directory=local_directory,
+            timeout=timeout,
+            security=security,
+        )
+        _stop_on_signals(nanny.stop)
+        return await nanny.run()
+
+    code = run(supervise())
+    if code:
+        raise SystemExit(code)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

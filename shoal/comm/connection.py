@@ -274,6 +274,14 @@ class Connection(asyncio.Protocol):
             raise CommClosedError(self.close_reason or "connection closed")
         return frame
 
+    def unread(self, frame: Frame) -> None:
+        """Put ``frame`` before the frames not yet handled (the messages that came in
+        one frame with a reply taken by ``read_frame``)."""
+        queued, self._inbox = self._inbox, asyncio.Queue()
+        self._inbox.put_nowait(frame)
+        while queued is not None and not queued.empty():
+            self._inbox.put_nowait(queued.get_nowait())
+
     def set_handler(self, on_frame: FrameHandler) -> None:
         """Install the frame handler; frames that arrived meanwhile are handled first."""
         self.on_frame = on_frame

@@ -147,4 +147,6 @@ async def connect(
             f"protocol version mismatch: this side speaks version {m.PROTOCOL_VERSION}, "
             f"{address} speaks version {reply.version}"
         )
+    if len(frame.messages) > 1:  # the server batched its first messages with the Welcome
+        conn.unread(Frame(frame.messages[1:], frame.buffers))
     return conn, reply

@@ -16,6 +16,12 @@ forgotten, or cancelled while an execution or a transfer is still running. A ``r
 task left after a batch is a stub a local task still depends on (the scheduler will send
 it again or free the dependents).
 
+While paused (memory over the pause fraction: :class:`Pause`) the worker starts no task
+and fetches no dependency; what runs or is in flight finishes. A result that cannot be
+pickled (to spill it or to send it: :class:`UnserializableData`) is reported to the
+scheduler, which errs its task; the worker stops wanting it and drops it once no local
+task depends on it.
+
 A task that needs resources (``ComputeTask.resources``) waits in the ``constrained`` heap
 instead of ``ready`` until enough of each is free; it holds them from ``executing`` until
 its thread ends, also when it was cancelled meanwhile (the thread still runs). The
@@ -26,7 +32,7 @@ resources as free at once, and the threads are pipelined: this is the check that
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 import msgspec
@@ -93,6 +99,26 @@ class UpdateDataEvent(WorkerEvent):
 
     data: dict[Key, Any]
     nbytes: dict[Key, int]
+    stimulus_id: str
+
+
+class Pause(WorkerEvent):
+    """Memory is over the pause fraction: start no task, fetch no data."""
+
+    stimulus_id: str
+
+
+class Unpause(WorkerEvent):
+    """Memory is back under the pause fraction."""
+
+    stimulus_id: str
+
+
+class UnserializableData(WorkerEvent):
+    """The result of ``key`` could not be pickled to spill it or to send it to a peer."""
+
+    key: Key
+    reason: str
     stimulus_id: str
 
 
@@ -200,13 +226,16 @@ class WorkerState:
         transfer_limit: int = 4,
         transfer_bytes_limit: int = 50_000_000,
         resources: Mapping[str, float] | None = None,
+        data: MutableMapping[Key, Any] | None = None,
     ):
         self.nthreads = nthreads
         self.address = address
         self.validate = validate
         self.transfer_limit = transfer_limit  # GatherDeps in flight at once
         self.transfer_bytes_limit = transfer_bytes_limit  # bytes asked per GatherDep
-        self.data: dict[Key, Any] = {}
+        # results by key: a dict, or the server's SpillBuffer (which may keep some on disk)
+        self.data: MutableMapping[Key, Any] = {} if data is None else data
+        self.paused = False
         self.tasks: dict[Key, WTask] = {}
         self._story = StoryLog()
         self._log = self._story.append
@@ -678,6 +707,28 @@ class WorkerState:
                 msg = m.TaskFinished(key, ts.nbytes, 0.0, 0.0, stimulus_id=ev.stimulus_id)
                 self._out.append(SendMessage(msg, ev.stimulus_id))
 
+    def _handle_pause(self, ev: Pause) -> None:
+        if not self.paused:
+            self.paused = True
+            msg = m.WorkerStatus("paused", ev.stimulus_id)
+            self._out.append(SendMessage(msg, ev.stimulus_id))
+
+    def _handle_unpause(self, ev: Unpause) -> None:
+        if self.paused:  # the end of the batch starts what waited
+            self.paused = False
+            msg = m.WorkerStatus("running", ev.stimulus_id)
+            self._out.append(SendMessage(msg, ev.stimulus_id))
+
+    def _handle_unserializable(self, ev: UnserializableData) -> None:
+        ts = self.tasks.get(ev.key)
+        if ts is None or ts.state != "memory" or not ts.wanted:
+            return  # gone meanwhile, or reported already
+        self._log((ev.key, "UnserializableData", ev.stimulus_id))
+        ts.wanted = False  # local dependents may still read it; then it is dropped
+        msg = m.KeyUnserializable(ev.key, ev.reason, ev.stimulus_id)
+        self._out.append(SendMessage(msg, ev.stimulus_id))
+        self._to_release.append(ts)
+
     # --- starting work ------------------------------------------------------------------
 
     @property
@@ -699,6 +750,8 @@ class WorkerState:
     def _ensure_computing(self, sid: str) -> None:
         """Start the best ready tasks while threads are free. The best task that needs
         resources starts once they are free; the others start meanwhile (as Dask)."""
+        if self.paused:
+            return
         ready, constrained = self._ready, self._constrained
         limit = self.execution_limit
         while len(self._executing) < limit:
@@ -719,6 +772,8 @@ class WorkerState:
         return all(k in available and available[k] >= need - SLACK for k, need in needs.items())
 
     def _ensure_communicating(self, sid: str) -> None:
+        if self.paused:  # fetched data would add to the memory that paused us
+            return
         needed, in_flight = self._data_needed, self._in_flight
         while needed and len(in_flight) < self.transfer_limit:
             # the first idle peer with wanted keys; at most transfer_limit are busy
@@ -776,4 +831,7 @@ WorkerState._HANDLERS = {
     GatherFailure: WorkerState._handle_gather_failure,
     UpdateDataEvent: WorkerState._handle_update_data,
     m.CopyKeys: WorkerState._handle_copy_keys,
+    Pause: WorkerState._handle_pause,
+    Unpause: WorkerState._handle_unpause,
+    UnserializableData: WorkerState._handle_unserializable,
 }

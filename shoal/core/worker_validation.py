@@ -89,6 +89,9 @@ def validate_worker_state(state: WorkerState) -> None:
     _check(all(v >= -SLACK for v in free.values()), f"more resources in use than we have: {free}")
     entries = [e for e in state._constrained if e[1] in live_constrained]
     startable = bool(live) or bool(entries and state._fits(min(entries)[2]))
-    _check(len(executing) >= state.execution_limit or not startable, "an idle thread")
+    paused = state.paused  # a paused worker starts nothing and fetches nothing
+    _check(paused or len(executing) >= state.execution_limit or not startable, "an idle thread")
     idle = [w for w in state._data_needed if w not in state._in_flight]
-    _check(len(state._in_flight) == state.transfer_limit or not idle, f"idle slot: {idle}")
+    _check(
+        paused or len(state._in_flight) == state.transfer_limit or not idle, f"idle slot: {idle}"
+    )

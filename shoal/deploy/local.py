@@ -1,7 +1,8 @@
 """LocalCluster: a scheduler and workers on this machine.
 
 ``processes=True`` (the default) starts the scheduler and each worker as its own
-process, exactly as ``shoal scheduler`` / ``shoal worker`` would; ``processes=False``
+process, exactly as ``shoal scheduler`` / ``shoal worker`` would, each worker under a
+nanny process that restarts it if it dies (``nanny=False``: none); ``processes=False``
 runs them all on one background event loop in this process (tests, notebooks).
 Every listener binds to loopback unless told otherwise.
 
@@ -49,7 +50,16 @@ class LocalCluster:
         resources: Mapping[str, float] | None = None,
         security: Security | None = None,
         token: str | bool | None = None,
+        nanny: bool = True,
+        memory_limit: str | float | None = "auto",
+        memory_target_fraction: float | None = 0.6,
+        memory_spill_fraction: float | None = 0.7,
+        memory_pause_fraction: float | None = 0.8,
+        memory_terminate_fraction: float | None = 0.95,
+        local_directory: str | None = None,
     ):
+        from shoal.server.memory import MemoryFractions, parse_memory_limit
+
         ncores = os.cpu_count() or 1
         if n_workers is None:
             n_workers = max(1, ncores // (threads_per_worker or 1)) if processes else 1
@@ -66,9 +76,18 @@ class LocalCluster:
         self.validate = validate
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.security = _cluster_security(security, token)
+        self.nanny = nanny and processes
+        # per worker: "auto" shares this machine's memory in proportion to threads
+        self.memory_limit = parse_memory_limit(memory_limit, threads_per_worker)
+        self.memory_fractions = MemoryFractions(
+            memory_target_fraction,
+            memory_spill_fraction,
+            memory_pause_fraction,
+            memory_terminate_fraction,
+        )
         self.scheduler_address = ""
         self.status = "starting"
-        self._dir = tempfile.mkdtemp(prefix="shoal-cluster-")
+        self._dir = tempfile.mkdtemp(prefix="shoal-cluster-", dir=local_directory)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._runner: LoopRunner | None = None
         self._scheduler: Any = None
@@ -133,6 +152,9 @@ class LocalCluster:
         self.wait_for_workers(self.n_workers, max(1.0, deadline - time.monotonic()))
 
     def _spawn_worker(self, i: int) -> None:
+        fractions = zip(
+            ("target", "spill", "pause", "terminate"), self.memory_fractions, strict=True
+        )
         self._spawn(
             "worker",
             self.scheduler_address,
@@ -142,6 +164,12 @@ class LocalCluster:
             f"{i}",
             "--host",
             self.host,
+            "--nanny" if self.nanny else "--no-nanny",
+            "--memory-limit",
+            "none" if self.memory_limit is None else str(self.memory_limit),
+            *[a for name, f in fractions for a in (f"--memory-{name}-fraction", f"{f or 'off'}")],
+            "--local-directory",
+            self._dir,
             *(["--validate"] if self.validate else []),
             *(["--resources", _format_resources(self.resources)] if self.resources else []),
         )
@@ -194,6 +222,12 @@ class LocalCluster:
                     validate=self.validate,
                     resources=self.resources,
                     security=self.security,
+                    memory_limit=self.memory_limit,
+                    # the process's memory is every worker's: only the target applies
+                    memory_fractions=self.memory_fractions._replace(
+                        spill=None, pause=None, terminate=None
+                    ),
+                    local_directory=self._dir,
                 )
                 self._workers.append(await w.start())
 
@@ -203,7 +237,20 @@ class LocalCluster:
 
     @property
     def worker_pids(self) -> list[int]:
-        return [p.pid for p in self._procs[1:]]
+        """The worker processes' pids, in worker order. Under nannies these are the
+        nannies' children now: a worker being restarted is left out until it is back."""
+        if not self.nanny:
+            return [p.pid for p in self._procs[1:]]
+        pids: list[int] = []
+        for nanny in self._procs[1:]:
+            with contextlib.suppress(psutil.Error):
+                pids.extend(child.pid for child in psutil.Process(nanny.pid).children())
+        return pids
+
+    @property
+    def nanny_pids(self) -> list[int]:
+        """The nannies' pids, in worker order (none without nannies)."""
+        return [p.pid for p in self._procs[1:]] if self.nanny else []
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every worker and the scheduler; no process is left behind."""

@@ -14,6 +14,8 @@ import itertools
 import logging
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import traceback
@@ -35,7 +37,10 @@ from shoal.core.worker_state import (
     GatherDep,
     GatherFailure,
     GatherSuccess,
+    Pause,
     SendMessage,
+    Unpause,
+    UnserializableData,
     UpdateDataEvent,
     WorkerState,
 )
@@ -52,7 +57,9 @@ from shoal.protocol.serialize import (
     loads_values,
     sizeof,
 )
+from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
+from shoal.server.spill import SpillBuffer
 
 logger = logging.getLogger("shoal.worker")
 
@@ -89,6 +96,8 @@ class Worker:
         resources: Mapping[str, float] | None = None,
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
         security: Security | None = None,
+        memory_fractions: MemoryFractions | None = None,
+        local_directory: str | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -99,6 +108,7 @@ class Worker:
         self.host = host
         self.port = port
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
+        self.memory_fractions = MemoryFractions() if memory_fractions is None else memory_fractions
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
@@ -106,6 +116,10 @@ class Worker:
         self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
+        # Spill files go here; removed on close (and by the nanny, should we die).
+        self.local_directory = os.path.join(local_directory or tempfile.gettempdir(), self.id)
+        self._spill: SpillBuffer | None = None
+        self._memory: MemoryMonitor | None = None
         self.state: WorkerState | None = None
         self.functions = FunctionCache()
         self.scheduler: Connection | None = None
@@ -134,8 +148,19 @@ class Worker:
         self._server, self.address = await listen(
             self.host, self.port, self._accept_peer, self.security
         )
+        target, spill, pause, _ = self.memory_fractions  # terminating is the nanny's
+        if target is not None or spill is not None:
+            self._spill = SpillBuffer(
+                os.path.join(self.local_directory, "spill"),
+                target=None if target is None else int(target * self.memory_limit),
+                on_unserializable=self._unserializable,
+            )
         self.state = WorkerState(
-            self.nthreads, self.address, validate=self.validate, resources=self.resources
+            self.nthreads,
+            self.address,
+            validate=self.validate,
+            resources=self.resources,
+            data=self._spill,
         )
         hello = m.Hello(
             m.PROTOCOL_VERSION,
@@ -158,6 +183,11 @@ class Worker:
             t.start()
             self._threads.append(t)
         self._spawn(self._heartbeat())
+        if spill is not None or pause is not None:
+            self._memory = MemoryMonitor(
+                self.memory_limit, self.memory_fractions, self._spill, self._set_paused
+            )
+            self._spawn(self._monitor_memory())
         logger.info("worker %s connected to %s", self.address, self.scheduler_address)
         return self
 
@@ -177,6 +207,9 @@ class Worker:
             task.cancel()
         for t in self._threads:
             await asyncio.to_thread(t.join, 5)
+        if self._spill is not None:
+            self._spill.close()
+        shutil.rmtree(self.local_directory, ignore_errors=True)
 
     async def finished(self) -> None:
         await self._closed.wait()
@@ -193,11 +226,12 @@ class Worker:
         conn = self.scheduler
         assert conn is not None and self.state is not None
         interval = 0.5
-        process = psutil.Process()
         while not conn.closed:
+            memory, spilled = self.memory_metrics()
             beat = functools.partial(
                 m.Heartbeat,
-                memory=process.memory_info().rss,
+                memory=memory,
+                spilled=spilled,
                 executing=self.state.executing_count,
             )
             try:
@@ -210,6 +244,33 @@ class Worker:
             if isinstance(reply, m.HeartbeatReply):
                 interval = reply.interval
             await asyncio.sleep(interval)
+
+    def memory_metrics(self) -> tuple[int, int]:
+        """(process memory, bytes of spilled results on disk), for heartbeats."""
+        rss = self._memory.rss if self._memory is not None else process_memory()
+        return rss, self._spill.spilled_bytes if self._spill is not None else 0
+
+    async def _monitor_memory(self) -> None:
+        assert self._memory is not None
+        while not self._closed.is_set():
+            await asyncio.sleep(MONITOR_INTERVAL)
+            self._memory.check()
+
+    def _set_paused(self, paused: bool) -> None:
+        sid = f"memory-{next(self._stimulus)}"
+        self._handle([Pause(sid) if paused else Unpause(sid)])
+
+    def _unserializable(self, key: Any, reason: str) -> None:
+        """The SpillBuffer could not pickle a result: from any thread, and maybe from
+        inside ``_handle`` itself, so the event is handled on a later loop iteration."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._report_unserializable, [(key, reason)])
+
+    def _report_unserializable(self, failed: list[tuple[Any, str]]) -> None:
+        if not self._closed.is_set():
+            sid = f"unserializable-{next(self._stimulus)}"
+            self._handle([UnserializableData(key, reason, sid) for key, reason in failed])
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -274,7 +335,6 @@ class Worker:
         """A task thread: run one task after another, hand results to the loop."""
         assert self.state is not None
         data = self.state.data
-        get_func = self.functions.get
 
         def resolve(key: Any) -> Any:
             value = data[key]
@@ -284,47 +344,59 @@ class Worker:
                 )
             return value
 
-        coroutines: asyncio.Runner | None = None  # this thread's loop for async tasks
+        coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
         while True:
             item = self._queue.get()
             if item is None:
-                if coroutines is not None:
-                    coroutines.close()
+                for runner in coroutines:
+                    runner.close()
                 return
-            key, func_id, payload = item
-            start = time.time()
-            try:
-                func = get_func(func_id)
-                args, kwargs = loads_task_args(payload, resolve, get_func)
-                value = func(*args, **kwargs)
-                if inspect.iscoroutine(value):
-                    # An async task runs to completion on a loop of this thread's own,
-                    # so a coroutine that blocks cannot stall the worker's messages.
-                    if coroutines is None:
-                        coroutines = asyncio.Runner()
-                    value = coroutines.run(value)
-                stop = time.time()
-                event: Any = ExecuteSuccess(
-                    key=key,
-                    value=value,
-                    nbytes=sizeof(value),
-                    inline=dumps_inline(value),
-                    type_name=type(value).__name__,
-                    start=start,
-                    stop=stop,
-                    stimulus_id=f"task-finished-{stop}",
-                )
-            except BaseException as e:  # a failing task errs its future, never the worker
-                stop = time.time()
-                event = ExecuteFailure(
-                    key=key,
-                    exception=dumps_exception(e),
-                    traceback="".join(traceback.format_exception(e)),
-                    start=start,
-                    stop=stop,
-                    stimulus_id=f"task-erred-{stop}",
-                )
-            self._push_result(event)
+            # Nothing of a task (arguments, result) stays referenced here while the thread
+            # waits for the next one: the worker may drop or spill it meanwhile.
+            self._push_result(self._run_one(*item, resolve, coroutines))
+            item = None
+
+    def _run_one(
+        self,
+        key: Any,
+        func_id: str,
+        payload: m.Payload,
+        resolve: Any,
+        coroutines: list[asyncio.Runner],
+    ) -> ExecuteSuccess | ExecuteFailure:
+        get_func = self.functions.get
+        start = time.time()
+        try:
+            func = get_func(func_id)
+            args, kwargs = loads_task_args(payload, resolve, get_func)
+            value = func(*args, **kwargs)
+            if inspect.iscoroutine(value):
+                # An async task runs to completion on a loop of this thread's own,
+                # so a coroutine that blocks cannot stall the worker's messages.
+                if not coroutines:
+                    coroutines.append(asyncio.Runner())
+                value = coroutines[0].run(value)
+            stop = time.time()
+            return ExecuteSuccess(
+                key=key,
+                value=value,
+                nbytes=sizeof(value),
+                inline=dumps_inline(value),
+                type_name=type(value).__name__,
+                start=start,
+                stop=stop,
+                stimulus_id=f"task-finished-{stop}",
+            )
+        except BaseException as e:  # a failing task errs its future, never the worker
+            stop = time.time()
+            return ExecuteFailure(
+                key=key,
+                exception=dumps_exception(e),
+                traceback="".join(traceback.format_exception(e)),
+                start=start,
+                stop=stop,
+                stimulus_id=f"task-erred-{stop}",
+            )
 
     def _push_result(self, event: Any) -> None:
         with self._results_lock:
@@ -407,6 +479,8 @@ class Worker:
             payloads.append(payload)
             buffers.extend(bufs)
         conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
+        if failed:  # the scheduler errs these tasks: no one can ever get their results
+            self._report_unserializable(failed)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
         data = loads_values(msg.keys, msg.payloads, buffers)

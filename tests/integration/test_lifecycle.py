@@ -100,7 +100,11 @@ def test_local_cluster_in_process_starts_no_process() -> None:
 
 
 def test_sigkilled_idle_worker_is_removed() -> None:
-    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+    # No nanny: it would start the worker again (tests/integration/test_nanny.py)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, nanny=False) as cluster,
+        Client(cluster) as client,
+    ):
         assert client.submit(inc, 1).result(timeout=30) == 2
         workers = client.scheduler_info()["workers"]
         assert len(workers) == 2
@@ -133,6 +137,25 @@ def test_results_of_a_killed_worker_are_recomputed() -> None:
         values = [f.result(timeout=10) for f in futs]
         assert [len(v) for v in values] == list(range(1000, 1020))
         assert victim not in client.scheduler_info()["workers"]
+
+
+@pytest.mark.timeout(60)
+def test_task_submitted_before_any_worker_runs_on_the_first_to_join(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    # The scheduler sends the queued task with its Welcome, in the same frame.
+    sched_file = tmp_path / "scheduler.json"
+    scheduler = spawn("scheduler", "--port", "0", "--scheduler-file", str(sched_file), "--quiet")
+    address = read_scheduler_file(sched_file, scheduler)
+    with Client(address, timeout=30) as client:
+        fut = client.submit(inc, 1)
+        time.sleep(0.2)
+        worker = spawn("worker", address, "--name", "late")
+        assert fut.result(timeout=20) == 2
+        worker.terminate()
+        worker.wait(15)
+    scheduler.terminate()
+    scheduler.wait(15)
 
 
 def test_client_without_address_owns_a_local_cluster() -> None:
@@ -292,14 +315,14 @@ OWNER = """
 import json, time
 from shoal import LocalCluster
 cluster = LocalCluster(n_workers=2, threads_per_worker=1)
-print(json.dumps([p.pid for p in cluster._procs]), flush=True)
+print(json.dumps([p.pid for p in cluster._procs] + cluster.worker_pids), flush=True)
 time.sleep(60)
 """
 
 
 def test_local_cluster_processes_exit_with_their_owner() -> None:
     """The owner of a LocalCluster is SIGKILLed (no atexit, no close): the scheduler
-    notices its owner is gone and the workers follow."""
+    notices its owner is gone and the workers and their nannies follow."""
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
@@ -307,7 +330,7 @@ def test_local_cluster_processes_exit_with_their_owner() -> None:
     try:
         assert owner.stdout is not None
         pids = json.loads(owner.stdout.readline())
-        assert len(pids) == 3
+        assert len(pids) == 5  # a scheduler, two nannies, two workers
         owner.kill()
         owner.wait(10)
 

@@ -1,0 +1,77 @@
+"""A real scheduler, run on a loop thread of the test process, that also records what
+nannies and workers report about memory and exits (so tests can see that the
+scheduler was told), whatever the scheduler itself does with those messages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from shoal.client.loop import LoopRunner
+from shoal.comm.connection import Connection
+from shoal.comm.tcp import HandshakeError, check_hello
+from shoal.protocol import messages as m
+from shoal.protocol.framing import Frame
+from shoal.server.scheduler import Scheduler
+
+RECORDED = (m.WorkerExited, m.WorkerStatus, m.KeyUnserializable)
+
+
+class RecordingScheduler(Scheduler):
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1", 0, validate=True)
+        self.reports: list[m.Message] = []
+        self._lock = threading.Lock()
+
+    def _record(self, frame: Frame) -> None:
+        with self._lock:
+            self.reports.extend(msg for msg in frame.messages if isinstance(msg, RECORDED))
+
+    def recorded(self, kind: type[m.Message]) -> list[Any]:
+        with self._lock:
+            return [msg for msg in self.reports if type(msg) is kind]
+
+    def _handshake(self, conn: Connection, frame: Frame) -> None:
+        try:
+            hello = check_hello(frame)
+        except HandshakeError:
+            super()._handshake(conn, frame)
+            return
+        if hello.role == "nanny":  # recorded here, whether or not the scheduler knows nannies
+            conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name))
+            conn.set_handler(lambda conn, frame: self._record(frame))
+            return
+        super()._handshake(conn, frame)
+        if hello.role == "worker" and not conn.closed:
+            inner = conn.on_frame
+
+            def on_frame(conn: Connection, frame: Frame) -> None:
+                self._record(frame)
+                inner(conn, frame)
+
+            conn.on_frame = on_frame
+
+
+@contextmanager
+def recording_scheduler() -> Iterator[RecordingScheduler]:
+    runner = LoopRunner(name="recording-scheduler")
+    scheduler = RecordingScheduler()
+    try:
+        runner.run_sync(scheduler.start(), 10)
+        yield scheduler
+    finally:
+        runner.run_sync(scheduler.close(), 10)
+        runner.stop()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.02)

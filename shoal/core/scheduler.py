@@ -40,6 +40,7 @@ from shoal.protocol.messages import Key, Payload
 from shoal.protocol.serialize import PICKLE
 
 Recs = dict[TaskState, str]
+VALIDATION_SHARE = 8  # validate=True: a full check per this many tasks' worth of transitions
 NO_RESOURCES: dict[str, float] = {}  # what an unrestricted ComputeTask carries (never mutated)
 
 
@@ -88,6 +89,7 @@ class SchedulerState(Placement, Membership):
         self._init_membership(allowed_failures, worker_ttl)
         self._generation = itertools.count()
         self.transition_counter = 0
+        self._validated_at = 0  # transition_counter at the last full check
         self._table: dict[tuple[str, str], Callable[..., Recs]] = {
             ("released", "waiting"): self._transition_released_waiting,
             ("released", "forgotten"): self._transition_released_forgotten,
@@ -143,6 +145,17 @@ class SchedulerState(Placement, Membership):
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
         if self.validate:
+            self._maybe_validate()
+
+    def _maybe_validate(self) -> None:
+        """Check every invariant after this batch, or, once there are many tasks, after
+        enough transitions to pay for it (about one check per len(tasks) / 8 of them)
+        and whenever nothing is running: a full O(tasks) check after every batch made
+        a validated 5,000-task run take minutes."""
+        done = self.transition_counter - self._validated_at + 1
+        idle = not self.nqueued and not any(ws.processing for ws in self.workers.values())
+        if idle or done * VALIDATION_SHARE >= len(self.tasks):
+            self._validated_at = self.transition_counter
             self.validate_state()
 
     # ------------------------------------------------------------------ events: membership

@@ -252,6 +252,7 @@ class WorkerState:
         self._has_what: dict[str, dict[WTask, None]] = {}  # peer -> tasks naming it
         self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
         self._to_release: list[WTask] = []  # tasks that may have lost their last reason
+        self._unvalidated = 0  # events and instructions since the last full check
 
     @property
     def executing_count(self) -> int:
@@ -277,7 +278,12 @@ class WorkerState:
             self._ensure_communicating(sid)
             self._ensure_computing(sid)
         if self.validate:
-            self.validate_state()
+            # As the scheduler's: every batch while small, amortised once there are many
+            # tasks, and always when no thread is busy.
+            self._unvalidated += 1 + len(events) + len(out)
+            if not self._executing or self._unvalidated * 8 >= len(self.tasks):
+                self._unvalidated = 0
+                self.validate_state()
         return out
 
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:

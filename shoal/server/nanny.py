@@ -6,7 +6,10 @@
 - An abnormal exit (a signal, a nonzero code, or a kill for memory) is reported to the
   scheduler (``WorkerExited`` over the nanny's own connection, Hello role "nanny") and
   the worker is started again under the same name, after a backoff; past
-  ``max_restarts`` within ``restart_window`` seconds the nanny gives up and exits 1.
+  ``max_restarts`` within ``restart_window`` seconds of deaths before joining the
+  scheduler (a crash loop at startup) the nanny gives up and exits 1. A worker that had
+  joined starts the count afresh: a task that keeps killing workers is the scheduler's
+  to stop (KilledWorker), and a nanny that gave up would leave the cluster short.
 - A normal exit (the worker lost its scheduler, or was told to close) ends the nanny too.
 - Past ``terminate * memory_limit`` of process memory the worker gets SIGTERM, then
   SIGKILL after ``kill_grace`` seconds if it is still there; then it is restarted.
@@ -106,6 +109,8 @@ class Nanny:
                 now = time.monotonic()
                 while recent and now - recent[0] > self.restart_window:
                     recent.popleft()
+                if address:  # it had joined: not a crash loop at startup, start afresh
+                    recent.clear()
                 restarting = len(recent) < self.max_restarts
                 logger.warning(
                     "worker %s (%s) %s; %s",

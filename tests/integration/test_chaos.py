@@ -87,6 +87,7 @@ def test_tree_reduction_survives_a_worker_killed_every_two_seconds(round_: int) 
         finally:
             killer.stopping.set()
             killer.join(10)
+        print(f"chaos round {round_}: {len(killer.killed)} workers SIGKILLed, {n_tasks} tasks")
         assert value == MAP_TASKS * (MAP_TASKS + 1) // 2
         assert len(killer.killed) >= 2, f"only {len(killer.killed)} kills: no chaos"
         # Still standing, and the invariants still hold: one more batch on every role

@@ -28,6 +28,7 @@ from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect
@@ -147,7 +148,9 @@ class Client:
         self.id = welcome.assigned
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
-        self._heartbeats = asyncio.ensure_future(self._heartbeat(self._conn))
+        self._heartbeats = asyncio.ensure_future(
+            keep_alive(self._conn, m.Heartbeat, self.scheduler_timeout, interval=2.0)
+        )
         self.status = "running"
         if self._set_as_default and not self.asynchronous:
             # Dask calls its scheduler synchronously: an asynchronous client's get
@@ -226,20 +229,6 @@ class Client:
         return (
             f"<Client {self.id or '?'} scheduler={self.scheduler_address!r} status={self.status}>"
         )
-
-    async def _heartbeat(self, conn: Connection) -> None:
-        interval = 2.0
-        while not conn.closed:
-            try:
-                reply, _ = await conn.request(m.Heartbeat, timeout=self.scheduler_timeout)
-            except TimeoutError:
-                conn.abort(f"the scheduler did not answer for {self.scheduler_timeout}s")
-                return
-            except CommClosedError:
-                return
-            if isinstance(reply, m.HeartbeatReply):
-                interval = reply.interval
-            await asyncio.sleep(interval)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if self.status == "closed":

@@ -8,7 +8,6 @@ task on a thread, fetch data from a peer, send a message to the scheduler.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import itertools
 import logging
@@ -26,6 +25,7 @@ from typing import Any
 import psutil
 
 from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
@@ -182,7 +182,9 @@ class Worker:
             t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-        self._spawn(self._heartbeat())
+        # A scheduler that stops answering is gone, as one that closed the connection.
+        beats = keep_alive(self.scheduler, self._heartbeat_message, self.scheduler_timeout, 0.5)
+        self._spawn(beats)
         if spill is not None or pause is not None:
             self._memory = MemoryMonitor(
                 self.memory_limit, self.memory_fractions, self._spill, self._set_paused
@@ -219,31 +221,10 @@ class Worker:
             logger.info("lost the scheduler (%s); closing", conn.close_reason)
             self._spawn(self.close(f"lost the scheduler: {conn.close_reason}"))
 
-    async def _heartbeat(self) -> None:
-        """Tell the scheduler we are alive, every interval it asks for; a scheduler that
-        does not answer within ``scheduler_timeout`` is treated as gone (a frozen or
-        unreachable process closes no connection for us)."""
-        conn = self.scheduler
-        assert conn is not None and self.state is not None
-        interval = 0.5
-        while not conn.closed:
-            memory, spilled = self.memory_metrics()
-            beat = functools.partial(
-                m.Heartbeat,
-                memory=memory,
-                spilled=spilled,
-                executing=self.state.executing_count,
-            )
-            try:
-                reply, _ = await conn.request(beat, timeout=self.scheduler_timeout)
-            except TimeoutError:
-                conn.abort(f"the scheduler did not answer for {self.scheduler_timeout}s")
-                return
-            except CommClosedError:
-                return
-            if isinstance(reply, m.HeartbeatReply):
-                interval = reply.interval
-            await asyncio.sleep(interval)
+    def _heartbeat_message(self, request_id: int) -> m.Message:
+        assert self.state is not None
+        memory, spilled = self.memory_metrics()
+        return m.Heartbeat(request_id, memory, spilled, self.state.executing_count)
 
     def memory_metrics(self) -> tuple[int, int]:
         """(process memory, bytes of spilled results on disk), for heartbeats."""

@@ -33,6 +33,7 @@ import psutil
 
 from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
+from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
@@ -57,6 +58,8 @@ class LocalCluster:
         memory_pause_fraction: float | None = 0.8,
         memory_terminate_fraction: float | None = 0.95,
         local_directory: str | None = None,
+        allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
+        worker_ttl: float = DEFAULT_WORKER_TTL,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -74,6 +77,8 @@ class LocalCluster:
         self.host = host
         self.timeout = timeout
         self.validate = validate
+        self.allowed_failures = allowed_failures  # deaths under a task before KilledWorker
+        self.worker_ttl = worker_ttl  # seconds without a heartbeat before a worker is removed
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.security = _cluster_security(security, token)
         self.nanny = nanny and processes
@@ -137,6 +142,8 @@ class LocalCluster:
             str(os.getpid()),
             "--quiet",  # the address is ours to report, not the user's stdout's
             *(["--validate"] if self.validate else []),
+            *("--allowed-failures", str(self.allowed_failures)),
+            *("--worker-ttl", str(self.worker_ttl)),
         )
         deadline = time.monotonic() + self.timeout
         while not os.path.exists(sched_file):
@@ -210,7 +217,12 @@ class LocalCluster:
 
         async def start() -> None:
             self._scheduler = await Scheduler(
-                self.host, 0, validate=self.validate, security=self.security
+                self.host,
+                0,
+                validate=self.validate,
+                security=self.security,
+                allowed_failures=self.allowed_failures,
+                worker_ttl=self.worker_ttl,
             ).start()
             self.scheduler_address = self._scheduler.address
             for i in range(self.n_workers):

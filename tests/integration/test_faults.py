@@ -14,7 +14,7 @@ import pytest
 from tasks import die_with_sigkill, getpid, make_list, wait_for_file
 from test_lifecycle import read_scheduler_file, wait_until
 
-from shoal import CancelledError, Client, KilledWorker
+from shoal import CancelledError, Client, KilledWorker, LocalCluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -211,3 +211,21 @@ def test_worker_without_reconnect_exits_when_the_scheduler_dies(
         client.wait_for_workers(1, timeout=30)
     sched.send_signal(signal.SIGKILL)
     assert workers["w0"].wait(20) == 0
+
+
+def test_killed_worker_under_nannies_that_restart_the_workers() -> None:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, allowed_failures=1) as cluster,
+        Client(cluster, timeout=30) as client,
+    ):
+        first = set(cluster.worker_pids)
+        bad = client.submit(die_with_sigkill, 2)
+        with pytest.raises(KilledWorker) as info:
+            bad.result(timeout=60)
+        assert len(info.value.workers) == 2
+        # the nannies bring both workers back, under their names, in new processes
+        client.wait_for_workers(2, timeout=30)
+        assert wait_until(lambda: len(cluster.worker_pids) == 2, 10)
+        assert sorted(w["name"] for w in client.scheduler_info()["workers"].values()) == ["0", "1"]
+        assert set(cluster.worker_pids) != first
+        assert client.gather(client.map(inc, range(10))) == list(range(1, 11))

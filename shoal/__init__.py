@@ -6,6 +6,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 
 from shoal.client.client import Client
 from shoal.client.futures import CancelledError, Future, as_completed, wait
+from shoal.comm.security import Security
 from shoal.deploy.local import LocalCluster
 from shoal.protocol.errors import KilledWorker
 from shoal.protocol.serialize import SerializationError
@@ -18,6 +19,7 @@ __all__ = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Security",
     "SerializationError",
     "__version__",
     "as_completed",

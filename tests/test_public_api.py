@@ -8,6 +8,7 @@ EXPECTED = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Security",
     "SerializationError",
     "__version__",
     "as_completed",

@@ -19,10 +19,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.comm import Comm
+from shoal.core.errors import error_payload
 from shoal.core.scheduler_model import ClientRecord, TaskState, WorkerRecord, discarded
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.errors import KilledWorker
+from shoal.protocol.messages import Key
 from shoal.protocol.serialize import SerializationError
 
 Recs = dict[TaskState, str]
@@ -56,6 +58,7 @@ class Retirement:
 class Membership:
     """Membership methods and state of :class:`~shoal.core.scheduler.SchedulerState`."""
 
+    tasks: dict[Key, TaskState]
     workers: dict[str, WorkerRecord]
     runnable: dict[str, WorkerRecord]
     clients: dict[str, ClientRecord]
@@ -149,8 +152,6 @@ class Membership:
         if len(died_on) <= self.allowed_failures:
             return False
         exc = KilledWorker(ts.key, died_on, self.allowed_failures)
-        from shoal.core.scheduler import error_payload  # the scheduler module imports us
-
         ts.exception = error_payload(exc)
         ts.traceback = ""
         ts.exception_blame = None
@@ -204,15 +205,13 @@ class Membership:
     def _key_unserializable(self, ws: WorkerRecord, msg: m.KeyUnserializable) -> None:
         """``ws`` could not pickle a result (to send or spill it) and dropped it: the
         task errs with the reason, unless another worker holds a copy."""
-        ts = self.tasks.get(msg.key)  # type: ignore[attr-defined]
+        ts = self.tasks.get(msg.key)
         if ts is None or ws not in ts.who_has:
             return
         self._remove_replica(ts, ws)
         if ts.who_has or ts.state != "memory":
             return
         exc = SerializationError(f"the result of {ts.key!r} cannot be pickled: {msg.reason}")
-        from shoal.core.scheduler import error_payload  # the scheduler module imports us
-
         ts.exception = error_payload(exc)
         ts.traceback = ""
         ts.exception_blame = None

@@ -11,11 +11,11 @@ returns *recommendations* (other tasks' next states), processed until none remai
 from __future__ import annotations
 
 import itertools
-import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.core.comm import Comm
+from shoal.core.errors import error_payload
 from shoal.core.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_WORKER_TTL,
@@ -36,8 +36,7 @@ from shoal.core.scheduler_model import (
 from shoal.core.scheduler_validation import validate_scheduler_state
 from shoal.core.story import InvalidTransition, StoryLog
 from shoal.protocol import messages as m
-from shoal.protocol.messages import Key, Payload
-from shoal.protocol.serialize import PICKLE
+from shoal.protocol.messages import Key
 
 Recs = dict[TaskState, str]
 VALIDATION_SHARE = 8  # validate=True: a full check per this many tasks' worth of transitions
@@ -58,11 +57,6 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     if type(func) is str:
         return (func,) if func else ()
     return func  # type: ignore[return-value]
-
-
-def error_payload(exc: BaseException) -> Payload:
-    """An exception made by the scheduler itself (builtin types only)."""
-    return Payload(PICKLE, pickle.dumps(exc, protocol=5))
 
 
 class SchedulerState(Placement, Membership):

@@ -10,6 +10,7 @@ and one frame.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -67,6 +68,7 @@ class Client:
         name: str = "",
         set_as_default: bool = True,
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
+        subscribe: bool = True,
         security: Security | None = None,
     ):
         self.asynchronous = asynchronous
@@ -76,6 +78,9 @@ class Client:
         # (a frozen or unreachable scheduler closes no connection for us).
         self.scheduler_timeout = scheduler_timeout
         self._heartbeats: asyncio.Task[None] | None = None
+        self._subscribed = subscribe  # gets the cluster summary pushed
+        self._summary: m.ClusterState | None = None
+        self._summary_changed: asyncio.Future[None] | None = None
         self.name = name or f"pid{os.getpid()}"
         self.id = ""
         self.cluster: Any = None
@@ -141,7 +146,13 @@ class Client:
         self.scheduler_address = address
         self.security = self._security_for(address)
         self._worker_conns.security = self.security
-        hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.name, pid=os.getpid())
+        hello = m.Hello(
+            m.PROTOCOL_VERSION,
+            "client",
+            name=self.name,
+            pid=os.getpid(),
+            subscribe=self._subscribed,
+        )
         self._conn, welcome = await connect(
             address, hello, timeout=self.timeout, security=self.security
         )
@@ -340,6 +351,8 @@ class Client:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:
                     st.set_error(*_remote_exception(msg))  # type: ignore[arg-type]
+            elif t is m.ClusterState:
+                self._set_summary(msg)  # type: ignore[arg-type]
             elif t is m.KeyCancelled:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:
@@ -737,17 +750,62 @@ class Client:
 
     # ---------------------------------------------------------------- introspection
 
-    async def _info(self) -> m.InfoReply:
+    async def _info(self, start: int = 0, limit: int = -1) -> m.InfoReply:
         assert self._conn is not None
-        reply, _ = await self._conn.request(lambda rid: m.InfoRequest(rid), timeout=self.timeout)
+        reply, _ = await self._conn.request(
+            lambda rid: m.InfoRequest(rid, start, limit), timeout=self.timeout
+        )
         assert isinstance(reply, m.InfoReply)
+        if reply.summary is not None:
+            self._set_summary(reply.summary)
         return reply
 
-    def scheduler_info(self) -> Any:
-        """The scheduler's identity and its workers."""
+    def _set_summary(self, summary: m.ClusterState) -> None:
+        if self._summary is None or summary.version >= self._summary.version:
+            self._summary = summary
+        changed, self._summary_changed = self._summary_changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
+
+    async def _next_summary(self, timeout: float | None) -> None:
+        """Wait for the next summary the scheduler pushes (or until ``timeout``)."""
+        if self._summary_changed is None or self._summary_changed.done():
+            self._summary_changed = asyncio.get_running_loop().create_future()
+        waiter = self._summary_changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+
+    def cluster_summary(self) -> dict[str, Any]:
+        """The latest summary the scheduler pushed (workers, threads, memory, tasks per
+        state, per-prefix counters); no request is made."""
+        s = self._summary
+        if s is None:
+            return {}
+        return {
+            "version": s.version,
+            "workers": s.workers,
+            "nthreads": s.nthreads,
+            "memory_limit": s.memory_limit,
+            "nbytes": s.nbytes,
+            "paused": s.paused,
+            "tasks": dict(s.tasks),
+            "prefixes": {
+                p.name: {
+                    "states": dict(p.states),
+                    "nbytes": p.nbytes,
+                    "duration_sum": p.duration_sum,
+                    "duration_count": p.duration_count,
+                }
+                for p in s.prefixes
+            },
+        }
+
+    def scheduler_info(self, n_workers: int = -1, start: int = 0) -> Any:
+        """The scheduler's identity, its summary and its workers: all of them by
+        default, or ``n_workers`` from ``start`` (in the order they joined)."""
 
         async def info() -> dict[str, Any]:
-            r = await self._info()
+            r = await self._info(start, n_workers)
             return {
                 "id": r.scheduler_id,
                 "address": r.address,
@@ -768,6 +826,8 @@ class Client:
                     }
                     for w in r.workers
                 },
+                "n_workers": r.summary.workers if r.summary is not None else len(r.workers),
+                "summary": self.cluster_summary(),
             }
 
         return info() if self.asynchronous else self._sync(info())
@@ -791,10 +851,19 @@ class Client:
         return retire() if self.asynchronous else self._sync(retire())
 
     def wait_for_workers(self, n_workers: int, timeout: float | None = None) -> Any:
+        """Wait until ``n_workers`` are connected. A subscribed client waits for the
+        summaries the scheduler pushes; one inside a task asks now and then."""
+
         async def waiting() -> None:
             async with asyncio.timeout(timeout):
-                while len((await self._info()).workers) < n_workers:
-                    await asyncio.sleep(0.05)
+                if self._summary is None:
+                    await self._info(0, 0)
+                while self._summary is None or self._summary.workers < n_workers:
+                    if self._subscribed:
+                        await self._next_summary(1.0)
+                    else:
+                        await asyncio.sleep(0.1)
+                        await self._info(0, 0)
 
         return waiting() if self.asynchronous else self._sync(waiting())
 

@@ -226,6 +226,14 @@ class Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
+    def send_frame(self, pieces: list[bytes | memoryview]) -> None:
+        """Write a frame encoded beforehand (the same bytes for many peers), after the
+        messages queued before it."""
+        if self.closed or self.transport is None:
+            return
+        self.flush()
+        self.transport.writelines(pieces)
+
     def last_queued(self) -> m.Message | None:
         """The newest message not yet written, if any (for coalescing)."""
         return self._out[-1] if self._out else None

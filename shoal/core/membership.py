@@ -61,6 +61,7 @@ class Membership:
     tasks: dict[Key, TaskState]
     workers: dict[str, WorkerRecord]
     runnable: dict[str, WorkerRecord]
+    version: int
     clients: dict[str, ClientRecord]
     comm: Comm
     log: StoryLog
@@ -84,6 +85,8 @@ class Membership:
         self.retiring: dict[str, Retirement] = {}  # worker address -> its request
         self._copies: dict[TaskState, tuple[WorkerRecord, float]] = {}  # key -> to, when
         self._now = 0.0  # the latest time an event carried
+        self.total_threads = 0  # over the workers, kept as they come and go
+        self.total_memory = 0
 
     # ------------------------------------------------------------------ joining and leaving
 
@@ -103,6 +106,9 @@ class Membership:
         self._now = max(self._now, now)
         ws = WorkerRecord(address, name, nthreads, memory_limit, resources, pid, now)
         self.workers[address] = ws
+        self.total_threads += nthreads
+        self.total_memory += memory_limit
+        self.version += 1
         self._index_worker(ws)
         self.log.append(("worker-added", address, stimulus_id))
         # Tasks that could not be placed without workers may go now.
@@ -118,6 +124,9 @@ class Membership:
         ws = self.workers.pop(address, None)
         if ws is None:
             return
+        self.total_threads -= ws.nthreads
+        self.total_memory -= ws.memory_limit
+        self.version += 1
         if address in self.runnable:
             self._unindex_worker(ws)
         self.log.append(("worker-removed", address, reason or "", stimulus_id))
@@ -163,6 +172,7 @@ class Membership:
         if msg.status not in ("paused", "running"):
             raise TypeError(f"unknown worker status {msg.status!r}")
         self.log.append(("worker-status", ws.address, msg.status, msg.stimulus_id))
+        self.version += 1
         if ws.status == "retiring":
             return  # stays out of placement until it is gone
         if msg.status == "paused" and ws.status == "running":
@@ -249,6 +259,7 @@ class Membership:
             if ws.status != "paused":
                 self._unindex_worker(ws)
             ws.status = "retiring"
+            self.version += 1
             self.retiring[address] = req
             req.pending.add(address)
         if not req.pending:

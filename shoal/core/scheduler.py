@@ -24,6 +24,7 @@ from shoal.core.membership import (
 from shoal.core.placement import Placement
 from shoal.core.scheduler_model import (
     SMALL,
+    TASK_STATES,
     ClientRecord,
     TaskGroup,
     TaskPrefix,
@@ -83,6 +84,10 @@ class SchedulerState(Placement, Membership):
         self._init_membership(allowed_failures, worker_ttl)
         self._generation = itertools.count()
         self.transition_counter = 0
+        self.task_counts = dict.fromkeys(TASK_STATES, 0)  # per state, kept by the tasks
+        # The summary's version: a change of workers or a batch with transitions bumps it.
+        self.version = 0
+        self._version_at = 0  # transition_counter when the version last changed
         self._validated_at = 0  # transition_counter at the last full check
         self._table: dict[tuple[str, str], Callable[..., Recs]] = {
             ("released", "waiting"): self._transition_released_waiting,
@@ -138,6 +143,9 @@ class SchedulerState(Placement, Membership):
             self._advance_retirements(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
+        if self.transition_counter != self._version_at:
+            self._version_at = self.transition_counter
+            self.version += 1
         if self.validate:
             self._maybe_validate()
 
@@ -484,7 +492,9 @@ class SchedulerState(Placement, Membership):
             out.append((key, [ws.address for ws in ts.who_has] if ts is not None else []))
         return out
 
-    def worker_infos(self) -> list[m.WorkerInfo]:
+    def worker_infos(self, start: int = 0, limit: int = -1) -> list[m.WorkerInfo]:
+        """A page of the workers, in the order they joined (all of them by default)."""
+        stop = None if limit < 0 else start + limit
         return [
             m.WorkerInfo(
                 ws.address,
@@ -500,11 +510,35 @@ class SchedulerState(Placement, Membership):
                 ws.status,
                 ws.memory,
             )
-            for ws in self.workers.values()
+            for ws in itertools.islice(self.workers.values(), max(0, start), stop)
         ]
 
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self.log.story(*keys)
+
+    def summary(self) -> m.ClusterState:
+        """The cluster in numbers: O(prefixes), never O(tasks) or O(groups)."""
+        prefixes = [
+            m.PrefixCounts(
+                tp.name,
+                {state: n for state, n in tp.states.items() if n and state != "forgotten"},
+                tp.nbytes,
+                tp.duration_sum,
+                tp.duration_count,
+            )
+            for tp in self.prefixes.values()
+            if tp.alive
+        ]
+        return m.ClusterState(
+            self.version,
+            len(self.workers),
+            self.total_threads,
+            self.total_memory,
+            sum(ws.nbytes for ws in self.workers.values()),
+            len(self.workers) - len(self.runnable),
+            {state: n for state, n in self.task_counts.items() if n and state != "forgotten"},
+            prefixes,
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -517,7 +551,7 @@ class SchedulerState(Placement, Membership):
             pname = key_split(name)
             tp = self.prefixes.get(pname)
             if tp is None:
-                tp = self.prefixes[pname] = TaskPrefix(pname)
+                tp = self.prefixes[pname] = TaskPrefix(pname, self.task_counts)
             tp.ngroups += 1
             tg = self.groups[name] = TaskGroup(name, tp)
         return tg

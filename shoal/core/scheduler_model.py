@@ -68,11 +68,14 @@ class Counters:
 class TaskPrefix(Counters):
     """All tasks whose keys share a prefix, e.g. every ``inc``."""
 
-    __slots__ = ("ngroups",)
+    __slots__ = ("ngroups", "totals")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, totals: dict[str, int] | None = None):
         super().__init__(name)
         self.ngroups = 0
+        # Tasks per state over the whole scheduler, shared by every prefix of it: kept
+        # with the prefix's own counts, so the cluster summary never sums prefixes.
+        self.totals = dict.fromkeys(TASK_STATES, 0) if totals is None else totals
 
 
 class TaskGroup(Counters):
@@ -264,6 +267,7 @@ class TaskState:
         self.restrictions: Restrictions | None = None  # shared; None: any worker will do
         group.states["released"] += 1
         group.prefix.states["released"] += 1
+        group.prefix.totals["released"] += 1
         group.alive += 1
         group.prefix.alive += 1
 
@@ -280,6 +284,9 @@ class TaskState:
         prefix = self.prefix
         prefix.states[old] -= 1
         prefix.states[value] += 1
+        totals = prefix.totals
+        totals[old] -= 1
+        totals[value] += 1
         self._state = value
 
     def __repr__(self) -> str:

@@ -121,6 +121,11 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         best = min(queued, key=lambda t: t.priority)
         where = state._decide_worker(best)
         check(where is None, f"queued although {where!r} may run it", best)
+    totals: dict[str, int] = {}
+    for ts in state.tasks.values():
+        totals[ts.state] = totals.get(ts.state, 0) + 1
+    live = {s: n for s, n in state.task_counts.items() if n and s != "forgotten"}
+    check(live == totals, f"task counts {live} != {totals}")
     for name, tg in state.groups.items():
         got = {s: n for s, n in tg.states.items() if n and s != "forgotten"}
         check(got == counts.get(name, {}), f"group {name} counters {got} != {counts.get(name)}")

@@ -197,7 +197,12 @@ class WhoHasRequest(Message):
 
 
 class InfoRequest(Message):
+    """The scheduler's identity, its summary and a page of its workers (all of them by
+    default: ``limit`` -1)."""
+
     request_id: int
+    start: int = 0
+    limit: int = -1
 
 
 # --- scheduler -> client ---------------------------------------------------------
@@ -248,8 +253,34 @@ class InfoReply(Message):
     request_id: int
     scheduler_id: str
     address: str
-    workers: list[WorkerInfo]
+    workers: list[WorkerInfo]  # the page asked for
     tasks: int
+    summary: ClusterState | None = None
+
+
+class PrefixCounts(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    """One task prefix's counters (e.g. every ``inc``): tasks per state, bytes held,
+    and the durations measured."""
+
+    name: str
+    states: dict[str, int]
+    nbytes: int = 0
+    duration_sum: float = 0.0
+    duration_count: int = 0
+
+
+class ClusterState(Message):
+    """Scheduler -> subscribed clients, when it changed (at most once an interval): the
+    cluster in numbers kept up to date as events happen, never the list of workers."""
+
+    version: int
+    workers: int
+    nthreads: int
+    memory_limit: int
+    nbytes: int  # results held by workers
+    paused: int  # workers paused or retiring
+    tasks: dict[str, int]  # per state
+    prefixes: list[PrefixCounts] = []
 
 
 # --- scheduler -> worker ---------------------------------------------------------
@@ -469,6 +500,7 @@ AnyMessage = (
     | RetireReply
     | CopyKeys
     | CloseWorker
+    | ClusterState
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -23,12 +23,18 @@ from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
-from shoal.protocol.framing import Frame, ProtocolError
+from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 
 logger = logging.getLogger("shoal.scheduler")
 
 
 CLIENT_HEARTBEAT = 2.0  # seconds between a client's heartbeats
+
+
+def summary_interval(subscribers: int) -> float:
+    """Seconds between pushes of the summary: 0.5 s for up to 25 subscribers, then
+    longer, so that about 50 summaries a second go out however many subscribe."""
+    return max(0.5, subscribers / 50)
 
 
 def tune_gc() -> None:
@@ -67,6 +73,9 @@ class Scheduler:
         self._closed = asyncio.Event()
         self._stimulus = itertools.count(1)
         self._watchdog: asyncio.Task[None] | None = None
+        self._subscribers: dict[str, Connection] = {}  # clients that get the summary
+        self._summary_cache: tuple[int, list[bytes | memoryview]] | None = None
+        self._pusher: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -94,6 +103,7 @@ class Scheduler:
             Connection.fatal_on_invalid_state = self.state.validate
         self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
+        self._pusher = asyncio.ensure_future(self._push_summaries())
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -106,8 +116,9 @@ class Scheduler:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._pusher):
+            if task is not None:
+                task.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
             conn.close()
         self._closed.set()
@@ -190,6 +201,9 @@ class Scheduler:
         self._clients[client_id] = conn
         self.state.add_client(client_id)
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id))
+        if hello.subscribe:  # clients inside tasks do not: they would multiply the pushes
+            self._subscribers[client_id] = conn
+            conn.send_frame(self._summary_frame())  # where the cluster stands now
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             batch: list[m.Message] = []
@@ -205,6 +219,7 @@ class Scheduler:
                 self._client_batch(client_id, batch)
 
         def on_close(conn: Connection, exc: BaseException | None) -> None:
+            self._subscribers.pop(client_id, None)
             if self._clients.pop(client_id, None) is not None:
                 self.state.remove_client(client_id, self._sid("client-closed"))
 
@@ -223,8 +238,34 @@ class Scheduler:
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
         return m.InfoReply(
-            msg.request_id, self.id, self.address, self.state.worker_infos(), len(self.state.tasks)
+            msg.request_id,
+            self.id,
+            self.address,
+            self.state.worker_infos(msg.start, msg.limit),
+            len(self.state.tasks),
+            self.state.summary(),
         )
+
+    # ---------------------------------------------------------------- the pushed summary
+
+    def _summary_frame(self) -> list[bytes | memoryview]:
+        """The summary as frame bytes, encoded once per version for every subscriber."""
+        version = self.state.version
+        if self._summary_cache is None or self._summary_cache[0] != version:
+            self._summary_cache = (version, encode_frame([self.state.summary()]))
+        return self._summary_cache[1]
+
+    async def _push_summaries(self) -> None:
+        """Send subscribers the summary when it changed, at most once an interval; the
+        interval grows with their number, so the bytes sent stay bounded."""
+        pushed = -1
+        while True:
+            await asyncio.sleep(summary_interval(len(self._subscribers)))
+            if self._subscribers and self.state.version != pushed:
+                frame = self._summary_frame()
+                pushed = self.state.version
+                for conn in list(self._subscribers.values()):
+                    conn.send_frame(frame)
 
     # ---------------------------------------------------------------- liveness
 

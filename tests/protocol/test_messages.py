@@ -61,7 +61,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         keys=["s1", ("s", 2)], nbytes=[10, 20], worker="tcp://w:1", stimulus_id="scatter-1"
     ),
     m.WhoHasRequest: m.WhoHasRequest(request_id=5, keys=["a", ("b", 1)]),
-    m.InfoRequest: m.InfoRequest(request_id=6),
+    m.InfoRequest: m.InfoRequest(request_id=6, start=10, limit=100),
     m.KeyInMemory: m.KeyInMemory(
         key=("x", 1), value=SMALL, type_name="int", stimulus_id="task-finished-1"
     ),
@@ -94,6 +94,15 @@ SAMPLES: dict[type[m.Message], m.Message] = {
             )
         ],
         tasks=12,
+        summary=m.ClusterState(
+            version=1,
+            workers=1,
+            nthreads=4,
+            memory_limit=2**33,
+            nbytes=1024,
+            paused=0,
+            tasks={"memory": 12},
+        ),
     ),
     m.FunctionDefs: m.FunctionDefs(functions={"a" * 24: b"one", "b" * 24: b"two"}),
     m.ComputeTask: m.ComputeTask(
@@ -154,6 +163,18 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         deps=[m.DepInfo(key="a", nbytes=8, who_has=["tcp://127.0.0.1:4001"])], stimulus_id="s-14"
     ),
     m.CloseWorker: m.CloseWorker(reason="retired", stimulus_id="s-15"),
+    m.ClusterState: m.ClusterState(
+        version=18,
+        workers=2,
+        nthreads=8,
+        memory_limit=2**34,
+        nbytes=1024,
+        paused=1,
+        tasks={"memory": 3, "processing": 2},
+        prefixes=[
+            m.PrefixCounts("inc", {"memory": 3}, nbytes=24, duration_sum=0.5, duration_count=3)
+        ],
+    ),
 }
 
 

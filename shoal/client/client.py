@@ -856,8 +856,7 @@ class Client:
 
         async def waiting() -> None:
             async with asyncio.timeout(timeout):
-                if self._summary is None:
-                    await self._info(0, 0)
+                await self._info(0, 0)  # fresh: a pushed summary may be an interval old
                 while self._summary is None or self._summary.workers < n_workers:
                     if self._subscribed:
                         await self._next_summary(1.0)

@@ -52,7 +52,8 @@ def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
 
 
 def _hello() -> m.Hello:
-    return m.Hello(m.PROTOCOL_VERSION, "client", name="raw-socket-test")
+    # not subscribed: no cluster summary is pushed between the replies these tests read
+    return m.Hello(m.PROTOCOL_VERSION, "client", name="raw-socket-test", subscribe=False)
 
 
 GARBAGE = {

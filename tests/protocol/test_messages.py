@@ -246,7 +246,7 @@ def test_empty_batch():
 
 def test_message_is_tagged_with_its_class_name():
     body = msgspec.msgpack.decode(msgspec.msgpack.encode([m.InfoRequest(request_id=3)]))
-    assert body == [["InfoRequest", 3]]
+    assert body == [["InfoRequest", 3, 0, -1]]
 
 
 # --- keys -----------------------------------------------------------------------------

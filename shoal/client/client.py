@@ -800,6 +800,17 @@ class Client:
             },
         }
 
+    def task_prefixes(self) -> Any:
+        """Counters per task prefix (e.g. every ``inc``): tasks per state, bytes held,
+        durations measured. The scheduler keeps them as tasks move, so asking costs
+        the same however many tasks or groups there are."""
+
+        async def prefixes() -> dict[str, Any]:
+            await self._info(0, 0)
+            return dict(self.cluster_summary().get("prefixes", {}))
+
+        return prefixes() if self.asynchronous else self._sync(prefixes())
+
     def scheduler_info(self, n_workers: int = -1, start: int = 0) -> Any:
         """The scheduler's identity, its summary and its workers: all of them by
         default, or ``n_workers`` from ``start`` (in the order they joined)."""

@@ -78,3 +78,17 @@ def test_a_client_that_does_not_subscribe_gets_no_pushes(inproc_cluster: LocalCl
         assert quiet.cluster_summary() == {}  # nothing pushed
         quiet.wait_for_workers(2, timeout=10)  # works by asking instead
         assert quiet.cluster_summary()["workers"] == 2
+
+
+def test_task_prefixes_count_tasks_per_state(inproc_cluster: LocalCluster) -> None:
+    with Client(inproc_cluster) as client:
+        futures = client.map(inc, range(20))
+        client.gather(futures)
+        prefixes = client.task_prefixes()
+        assert prefixes["inc"]["states"] == {"memory": 20}
+        assert prefixes["inc"]["duration_count"] == 20
+        del futures
+        deadline = time.monotonic() + 5
+        while "inc" in client.task_prefixes():  # all released: the prefix has no live task
+            assert time.monotonic() < deadline
+            time.sleep(0.05)

@@ -68,8 +68,10 @@ class Client:
         set_as_default: bool = True,
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
         security: Security | None = None,
+        subscribe: bool = True,
     ):
         self.asynchronous = asynchronous
+        self._subscribe = subscribe  # False: no cluster-state pushes (clients inside tasks)
         self.security = security
         self.timeout = timeout
         # Seconds without an answer to a heartbeat before the scheduler counts as gone
@@ -141,7 +143,9 @@ class Client:
         self.scheduler_address = address
         self.security = self._security_for(address)
         self._worker_conns.security = self.security
-        hello = m.Hello(m.PROTOCOL_VERSION, "client", name=self.name, pid=os.getpid())
+        hello = m.Hello(
+            m.PROTOCOL_VERSION, "client", name=self.name, pid=os.getpid(), subscribe=self._subscribe
+        )
         self._conn, welcome = await connect(
             address, hello, timeout=self.timeout, security=self.security
         )

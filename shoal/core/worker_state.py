@@ -765,6 +765,9 @@ class WorkerState:
             raise InvalidTransition(ev.key, start, "seceded", self._story.story(ev.key))
         self._executing.discard(ts)
         self._seceded.add(ts)  # resources stay held: the thread still runs
+        if ts.state == "executing":  # not cancelled: the scheduler counts it out too
+            msg = m.TaskSeceded(ev.key, ev.stimulus_id)
+            self._out.append(SendMessage(msg, ev.stimulus_id))
 
     def _handle_rejoin(self, ev: Rejoin) -> None:
         self._log((ev.key, "Rejoin", ev.stimulus_id))

@@ -122,3 +122,15 @@ def test_impossible_secede_or_rejoin_raises(events: list[Any]):
     ws = make(1)
     with pytest.raises(InvalidTransition):
         run(ws, *events)
+
+
+def test_secede_tells_the_scheduler_unless_the_task_was_cancelled():
+    from shoal.core.worker_state import SendMessage
+    from shoal.protocol.messages import TaskSeceded
+
+    ws = make(2)
+    run(ws, compute("a"), compute("b"))
+    out = ws.handle(secede("a"))
+    assert out == [SendMessage(TaskSeceded("a", "secede-a"), "secede-a")]
+    ws.handle(FreeKeys(["b"], "free"))
+    assert ws.handle(secede("b")) == []  # cancelled: the scheduler has forgotten it

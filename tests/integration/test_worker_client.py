@@ -117,3 +117,29 @@ def test_outside_a_task():
             assert shoal.get_client() is client  # the default client, as Dask
         with Client(cluster, set_as_default=False), pytest.raises(ValueError, match="default"):
             shoal.get_client()
+
+
+def wait_on_slow(started: str) -> int:
+    with shoal.worker_client() as client:
+        open(started, "w").close()
+        # 3 s: a running task cannot be interrupted, and the worker waits 5 s per thread
+        client.submit(time.sleep, 3, key="slow-sleep").result(timeout=60)
+        client.submit(time.sleep, 3, key="never-reached").result(timeout=60)
+        return 1
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_cluster_while_a_task_waits_inside_worker_client(tmp_path: Any):
+    """The worker closes its client first, so the waiting task ends; no thread, process
+    or socket is left behind (the leak check runs after every test)."""
+    started = tmp_path / "started"
+    t0 = time.monotonic()
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False) as cluster,
+        Client(cluster) as client,
+    ):
+        parent = client.submit(wait_on_slow, str(started))
+        while not started.exists():
+            time.sleep(0.02)
+        assert parent.status == "pending"
+    assert time.monotonic() - t0 < 25  # did not wait for the parent's 60 s timeout

@@ -145,6 +145,7 @@ class Worker:
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # seceding tasks add threads
+        self._thread_numbers = itertools.count()
         self._rejoins: dict[Any, threading.Event] = {}  # key -> its thread waiting to rejoin
         self._client: Any = None  # the Client of tasks here (get_client), made once needed
         self._client_lock = threading.Lock()
@@ -342,7 +343,9 @@ class Worker:
 
     def _start_thread(self) -> None:
         with self._threads_lock:
-            n = len(self._threads)
+            # seceded threads end with their tasks: forget those, or the list would grow
+            self._threads = [t for t in self._threads if t.is_alive()]
+            n = next(self._thread_numbers)
             t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{n}", daemon=True)
             t.start()
             self._threads.append(t)

@@ -765,7 +765,7 @@ class WorkerState:
             raise InvalidTransition(ev.key, start, "seceded", self._story.story(ev.key))
         self._executing.discard(ts)
         self._seceded.add(ts)  # resources stay held: the thread still runs
-        if ts.state == "executing":  # not cancelled: the scheduler counts it out too
+        if ts.state == "executing" and ts.wanted:  # the scheduler counts it out too
             msg = m.TaskSeceded(ev.key, ev.stimulus_id)
             self._out.append(SendMessage(msg, ev.stimulus_id))
 

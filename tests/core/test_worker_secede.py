@@ -134,3 +134,12 @@ def test_secede_tells_the_scheduler_unless_the_task_was_cancelled():
     assert out == [SendMessage(TaskSeceded("a", "secede-a"), "secede-a")]
     ws.handle(FreeKeys(["b"], "free"))
     assert ws.handle(secede("b")) == []  # cancelled: the scheduler has forgotten it
+
+
+def test_secede_of_a_task_kept_only_for_a_local_dependent_tells_nobody():
+    from test_worker_state import dep
+
+    ws = make(1)
+    run(ws, compute("a"), compute("b", dep("a", ME)), FreeKeys(["a"], "free-a"))
+    assert states(ws) == {"a": "executing", "b": "waiting"}  # kept for "b", not wanted
+    assert ws.handle(secede("a")) == []  # the scheduler no longer counts it on us

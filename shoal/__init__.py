@@ -6,6 +6,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 
 from shoal.client.client import Client
 from shoal.client.futures import CancelledError, Future, as_completed, wait
+from shoal.client.worker_client import get_client, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.local import LocalCluster
 from shoal.protocol.errors import KilledWorker
@@ -23,5 +24,9 @@ __all__ = [
     "SerializationError",
     "__version__",
     "as_completed",
+    "get_client",
+    "rejoin",
+    "secede",
     "wait",
+    "worker_client",
 ]

@@ -12,7 +12,11 @@ EXPECTED = [
     "SerializationError",
     "__version__",
     "as_completed",
+    "get_client",
+    "rejoin",
+    "secede",
     "wait",
+    "worker_client",
 ]
 
 

@@ -78,7 +78,9 @@ class Client:
         # (a frozen or unreachable scheduler closes no connection for us).
         self.scheduler_timeout = scheduler_timeout
         self._heartbeats: asyncio.Task[None] | None = None
-        self._subscribed = subscribe  # gets the cluster summary pushed
+        # Gets the cluster summary pushed; not clients inside tasks (get_client), which
+        # would multiply the pushes by the number of workers.
+        self._subscribed = subscribe
         self._summary: m.ClusterState | None = None
         self._summary_changed: asyncio.Future[None] | None = None
         self.name = name or f"pid{os.getpid()}"

@@ -132,7 +132,7 @@ class Placement:
         self._retry_restricted = True  # loose tasks may now run on any worker
 
     def _is_free(self, ws: WorkerRecord) -> bool:
-        n = len(ws.processing)
+        n = len(ws.processing) - len(ws.long_running)
         if n < ws.min_slots:
             return True
         return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
@@ -156,6 +156,7 @@ class Placement:
             return None
         ts.processing_on = None
         ws.processing.discard(ts)
+        ws.long_running.discard(ts)
         ws.occupancy -= ts.estimate
         r = ts.restrictions
         if r is not None and r.resources:

@@ -426,6 +426,18 @@ class SchedulerState(Placement, Membership):
         recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
         self._transitions(recs, msg.stimulus_id)
 
+    def _task_seceded(self, ws: WorkerRecord, msg: m.TaskSeceded) -> None:
+        """The task waits on others: its thread slot and expected time no longer count
+        (its resources do: the worker keeps them held)."""
+        ts = self.tasks.get(msg.key)
+        if ts is None or ts.processing_on is not ws or ts in ws.long_running:
+            return  # done, moved or told already
+        ws.long_running.add(ts)
+        ws.occupancy -= ts.estimate
+        ts.estimate = 0.0
+        if ws.address in self.runnable and self._is_free(ws):
+            self.free_workers.add(ws)
+
     def _stale_result(
         self, ws: WorkerRecord, ts: TaskState | None, key: Key, nbytes: int, stimulus_id: str
     ) -> None:
@@ -476,6 +488,7 @@ class SchedulerState(Placement, Membership):
 
     _worker_handlers: dict[type, Callable[..., None]] = {
         m.TaskFinished: _task_finished,
+        m.TaskSeceded: _task_seceded,
         m.TaskErred: _task_erred,
         m.AddKeys: _add_keys,
         m.MissingData: _missing_data,

@@ -110,6 +110,7 @@ class WorkerRecord:
         "nthreads",
         "memory_limit",
         "processing",
+        "long_running",
         "has_what",
         "nbytes",
         "occupancy",
@@ -146,6 +147,8 @@ class WorkerRecord:
         self.nthreads = nthreads
         self.memory_limit = memory_limit
         self.processing: set[TaskState] = set()
+        # processing tasks that seceded: they run on but hold no thread slot here
+        self.long_running: set[TaskState] = set()
         self.has_what: set[TaskState] = set()
         self.nbytes = 0
         self.occupancy = 0.0  # expected seconds of work assigned and not yet reported

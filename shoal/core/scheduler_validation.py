@@ -135,6 +135,8 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     for ws in state.workers.values():
         for ts in ws.processing:
             check(ts.processing_on is ws, "worker processing a task placed elsewhere", ts)
+        for ts in ws.long_running:  # seceded: still processing, no slot, no estimate
+            check(ts in ws.processing and ts.estimate == 0.0, "long-running", ts)
         for ts in ws.has_what:
             check(ws in ts.who_has, "worker holds a key the task does not know", ts)
         check(ws.nbytes == sum(t.nbytes for t in ws.has_what), f"nbytes of {ws.address}")

@@ -27,6 +27,14 @@ instead of ``ready`` until enough of each is free; it holds them from ``executin
 its thread ends, also when it was cancelled meanwhile (the thread still runs). The
 scheduler never assigns more than the worker has, but it counts a cancelled task's
 resources as free at once, and the threads are pipelined: this is the check that holds.
+
+A running task may *secede* (:class:`Secede`: it waits on other tasks, e.g. inside
+``worker_client``): it stops counting against the execution limit, so another task
+starts, while its own thread runs on and its result is reported as usual. It keeps the
+resources it holds (as Dask), since its thread still uses them. :class:`Rejoin` asks to
+count again: the task waits in ``_rejoining`` until a slot is free, then a
+:class:`ResumeThread` instruction lets its thread go on; waiting rejoins take free slots
+before new tasks start.
 """
 
 from __future__ import annotations
@@ -122,6 +130,20 @@ class UnserializableData(WorkerEvent):
     stimulus_id: str
 
 
+class Secede(WorkerEvent):
+    """The running task ``key`` leaves the thread count (it waits on other tasks)."""
+
+    key: Key
+    stimulus_id: str
+
+
+class Rejoin(WorkerEvent):
+    """The seceded task ``key`` asks to count again; its thread waits for ResumeThread."""
+
+    key: Key
+    stimulus_id: str
+
+
 Event = ComputeTask | FreeKeys | m.CopyKeys | WorkerEvent
 
 # --- instructions -----------------------------------------------------------------------
@@ -140,6 +162,13 @@ class GatherDep(Instruction):
     worker: str
     keys: list[Key]
     total_nbytes: int
+    stimulus_id: str
+
+
+class ResumeThread(Instruction):
+    """A thread slot is free for the rejoining task ``key``: let its thread go on."""
+
+    key: Key
     stimulus_id: str
 
 
@@ -248,6 +277,9 @@ class WorkerState:
         self._n_ready = 0
         self._recent_duration = PIPELINE_WINDOW  # until measured: no pipelining
         self._executing: set[WTask] = set()  # Execute sent, no result yet: a busy thread
+        # Running on threads of their own, not counted against the execution limit:
+        self._seceded: set[WTask] = set()  # seceded (waiting on other tasks, say)
+        self._rejoining: dict[WTask, None] = {}  # asked to rejoin, in order; not resumed yet
         self._data_needed: dict[str, dict[WTask, None]] = {}  # peer -> its tasks in fetch
         self._has_what: dict[str, dict[WTask, None]] = {}  # peer -> tasks naming it
         self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
@@ -256,8 +288,18 @@ class WorkerState:
 
     @property
     def executing_count(self) -> int:
-        """Busy threads (including executions of tasks cancelled meanwhile)."""
+        """Busy threads (including executions of tasks cancelled meanwhile); seceded
+        tasks do not count."""
         return len(self._executing)
+
+    @property
+    def seceded_count(self) -> int:
+        """Running tasks that left the thread count (seceded, or waiting to rejoin)."""
+        return len(self._seceded) + len(self._rejoining)
+
+    def _running(self, ts: WTask) -> bool:
+        """A thread runs ``ts`` (counted, seceded or waiting to rejoin)."""
+        return ts in self._executing or ts in self._seceded or ts in self._rejoining
 
     @property
     def ready_count(self) -> int:
@@ -439,7 +481,7 @@ class WorkerState:
         st = ts.state
         if st == "cancelled" or st == "forgotten":
             return
-        if st == "flight" or ts in self._executing:
+        if st == "flight" or self._running(ts):
             self._transition(ts, "cancelled", sid)
             return
         if st != "released":
@@ -557,15 +599,17 @@ class WorkerState:
         """The task whose thread ended, if its result counts."""
         self._log((ev.key, type(ev).__name__, ev.stimulus_id))
         ts = self.tasks.get(ev.key)
-        if ts is None or ts not in self._executing:
+        if ts is None or not self._running(ts):
             start = "forgotten" if ts is None else ts.state
             raise InvalidTransition(ev.key, start, finish, self._story.story(ev.key))
         self._executing.discard(ts)
+        self._seceded.discard(ts)  # a seceded task may end without rejoining
+        self._rejoining.pop(ts, None)
         if ts.resources is not None:  # the thread has ended: what it held is free
             available = self.available_resources
             for resource, need in ts.resources.items():
                 available[resource] += need
-            if not self._executing:
+            if not self._executing and not self._seceded and not self._rejoining:
                 self.available_resources = dict(self.total_resources)  # no drift from sums
         # A moving average of how long tasks take here: it sets how deep to pipeline.
         self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
@@ -713,6 +757,27 @@ class WorkerState:
                 msg = m.TaskFinished(key, ts.nbytes, 0.0, 0.0, stimulus_id=ev.stimulus_id)
                 self._out.append(SendMessage(msg, ev.stimulus_id))
 
+    def _handle_secede(self, ev: Secede) -> None:
+        self._log((ev.key, "Secede", ev.stimulus_id))
+        ts = self.tasks.get(ev.key)
+        if ts is None or ts not in self._executing:  # only a counted running task secedes
+            start = "forgotten" if ts is None else ts.state
+            raise InvalidTransition(ev.key, start, "seceded", self._story.story(ev.key))
+        self._executing.discard(ts)
+        self._seceded.add(ts)  # resources stay held: the thread still runs
+        if ts.state == "executing" and ts.wanted:  # the scheduler counts it out too
+            msg = m.TaskSeceded(ev.key, ev.stimulus_id)
+            self._out.append(SendMessage(msg, ev.stimulus_id))
+
+    def _handle_rejoin(self, ev: Rejoin) -> None:
+        self._log((ev.key, "Rejoin", ev.stimulus_id))
+        ts = self.tasks.get(ev.key)
+        if ts is None or ts not in self._seceded:
+            start = "forgotten" if ts is None else ts.state
+            raise InvalidTransition(ev.key, start, "rejoining", self._story.story(ev.key))
+        self._seceded.discard(ts)
+        self._rejoining[ts] = None  # resumed by _ensure_computing once a slot is free
+
     def _handle_pause(self, ev: Pause) -> None:
         if not self.paused:
             self.paused = True
@@ -755,11 +820,21 @@ class WorkerState:
 
     def _ensure_computing(self, sid: str) -> None:
         """Start the best ready tasks while threads are free. The best task that needs
-        resources starts once they are free; the others start meanwhile (as Dask)."""
+        resources starts once they are free; the others start meanwhile (as Dask).
+
+        Rejoining tasks come first, also while paused: they already run and hold their
+        memory; pausing only keeps new tasks from starting."""
+        limit = self.execution_limit
+        rejoining = self._rejoining
+        while rejoining and len(self._executing) < limit:
+            ts = next(iter(rejoining))
+            del rejoining[ts]
+            self._executing.add(ts)
+            self._log((ts.key, "ResumeThread", sid))
+            self._out.append(ResumeThread(ts.key, sid))
         if self.paused:
             return
         ready, constrained = self._ready, self._constrained
-        limit = self.execution_limit
         while len(self._executing) < limit:
             best = _live_top(ready)
             held = _live_top(constrained)
@@ -840,4 +915,6 @@ WorkerState._HANDLERS = {
     Pause: WorkerState._handle_pause,
     Unpause: WorkerState._handle_unpause,
     UnserializableData: WorkerState._handle_unserializable,
+    Secede: WorkerState._handle_secede,
+    Rejoin: WorkerState._handle_rejoin,
 }

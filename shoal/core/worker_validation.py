@@ -17,6 +17,11 @@ def _check(ok: Any, what: str) -> None:
 def validate_worker_state(state: WorkerState) -> None:
     """Every invariant of a worker's tasks; raises InvalidState on the first one broken."""
     tasks, executing = state.tasks, state._executing
+    seceded, rejoining = state._seceded, state._rejoining
+    # every running thread's task, counted or not; each in exactly one of the three
+    threads = [*executing, *seceded, *rejoining]
+    _check(len(threads) == len(set(threads)), "a task both counted and seceded")
+    running_tasks = set(threads)
     _check(not state._to_release, "releases left pending")
     live, live_constrained = (
         {seq for _, seq, ts in heap if ts.state == "ready" and ts.ready_seq == seq}
@@ -34,7 +39,7 @@ def validate_worker_state(state: WorkerState) -> None:
         _check(ts.waiting_for_data == waiting, f"{where}: waiting_for_data")
         running = st == "executing" or (st == "cancelled" and ts.previous == "executing")
         _check(not ts.dependencies or running or st in ("waiting", "ready"), where)
-        _check(running <= (ts in executing) <= (running or st == "memory"), where)
+        _check(running <= (ts in running_tasks) <= (running or st == "memory"), where)
         for w in ts.who_has:
             _check(w != state.address and ts in state._has_what.get(w, ()), f"{where}: {w}")
         _check((key in state.data) == (st == "memory"), f"{where}: data")
@@ -67,7 +72,7 @@ def validate_worker_state(state: WorkerState) -> None:
             _check(not ts.dependents and not ts.wanted, f"{where}: needed")
     _check(n_memory == len(state.data), "data holds keys not in memory")
     _check(n_ready == state._n_ready, f"ready count {state._n_ready} != {n_ready}")
-    for ts in executing:
+    for ts in running_tasks:
         _check(tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks")
     for index in (state._has_what, state._data_needed):
         for w, holders in index.items():
@@ -79,7 +84,7 @@ def validate_worker_state(state: WorkerState) -> None:
     _check(len(state._in_flight) <= state.transfer_limit, "too many transfers")
     # (no upper bound on executions: the limit shrinks when tasks get slower)
     held = dict.fromkeys(state.total_resources, 0.0)
-    for ts in executing:
+    for ts in running_tasks:  # a seceded task keeps what it holds
         for resource, need in (ts.resources or {}).items():
             held[resource] = held.get(resource, 0.0) + need
     free = state.available_resources
@@ -90,7 +95,9 @@ def validate_worker_state(state: WorkerState) -> None:
     entries = [e for e in state._constrained if e[1] in live_constrained]
     startable = bool(live) or bool(entries and state._fits(min(entries)[2]))
     paused = state.paused  # a paused worker starts nothing and fetches nothing
-    _check(paused or len(executing) >= state.execution_limit or not startable, "an idle thread")
+    full = len(executing) >= state.execution_limit
+    _check(full or not rejoining, "a rejoining task waits while a slot is free")
+    _check(paused or full or not startable, "an idle thread")
     idle = [w for w in state._data_needed if w not in state._in_flight]
     _check(
         paused or len(state._in_flight) == state.transfer_limit or not idle, f"idle slot: {idle}"

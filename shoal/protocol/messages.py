@@ -326,6 +326,14 @@ class TaskFinished(Message):
     stimulus_id: str = ""
 
 
+class TaskSeceded(Message):
+    """The task runs on but waits on other tasks (it seceded): the scheduler stops
+    counting it against the worker's threads, so that the tasks it waits on can run."""
+
+    key: Key
+    stimulus_id: str = ""
+
+
 class TaskErred(Message):
     key: Key
     exception: Payload
@@ -484,6 +492,7 @@ AnyMessage = (
     | ComputeTask
     | FreeKeys
     | TaskFinished
+    | TaskSeceded
     | TaskErred
     | AddKeys
     | MissingData

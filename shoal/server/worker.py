@@ -38,6 +38,9 @@ from shoal.core.worker_state import (
     GatherFailure,
     GatherSuccess,
     Pause,
+    Rejoin,
+    ResumeThread,
+    Secede,
     SendMessage,
     Unpause,
     UnserializableData,
@@ -64,6 +67,16 @@ from shoal.server.spill import SpillBuffer
 logger = logging.getLogger("shoal.worker")
 
 GATHER_TIMEOUT = 60.0
+
+# The task a thread runs: ``worker`` and ``key`` while it runs one, and ``seceded`` once
+# it has left the thread count (it then ends with its task; another thread took its slot).
+_current = threading.local()
+
+
+def current_task() -> tuple[Worker, Any] | None:
+    """(worker, key) of the task this thread runs, if it runs one."""
+    worker = getattr(_current, "worker", None)
+    return None if worker is None else (worker, _current.key)
 
 
 class TransferFailed:
@@ -131,6 +144,11 @@ class Worker:
         )
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()  # seceding tasks add threads
+        self._thread_numbers = itertools.count()
+        self._rejoins: dict[Any, threading.Event] = {}  # key -> its thread waiting to rejoin
+        self._client: Any = None  # the Client of tasks here (get_client), made once needed
+        self._client_lock = threading.Lock()
         self._results: list[Any] = []
         self._results_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -178,10 +196,8 @@ class Worker:
         self.name = welcome.assigned
         self.scheduler.on_close = self._scheduler_lost
         self.scheduler.set_handler(self._on_scheduler_frame)
-        for i in range(self.nthreads):
-            t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        for _ in range(self.nthreads):
+            self._start_thread()
         # A scheduler that stops answering is gone, as one that closed the connection.
         beats = keep_alive(self.scheduler, self._heartbeat_message, self.scheduler_timeout, 0.5)
         self._spawn(beats)
@@ -198,7 +214,15 @@ class Worker:
             return
         self.close_reason = self.close_reason or reason
         self._closed.set()
-        for _ in self._threads:
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:  # first: tasks waiting on its futures end
+            await asyncio.to_thread(client.close)
+        with self._threads_lock:
+            threads = list(self._threads)
+            for event in self._rejoins.values():  # let waiting threads end their tasks
+                event.set()
+        for _ in threads:
             self._queue.put(None)
         if self._server is not None:
             self._server.close()
@@ -207,7 +231,7 @@ class Worker:
         self._peers.close()
         for task in list(self._background):
             task.cancel()
-        for t in self._threads:
+        for t in threads:
             await asyncio.to_thread(t.join, 5)
         if self._spill is not None:
             self._spill.close()
@@ -288,6 +312,11 @@ class Worker:
                 self._execute(inst.key)
             elif isinstance(inst, GatherDep):
                 self._spawn(self._gather(inst))
+            elif isinstance(inst, ResumeThread):
+                with self._threads_lock:
+                    event = self._rejoins.pop(inst.key, None)
+                if event is not None:
+                    event.set()
             else:  # pragma: no cover - a new instruction the shell does not know
                 raise TypeError(f"unknown instruction {inst!r}")
 
@@ -312,6 +341,61 @@ class Worker:
         else:
             self._queue.put((key, func_id, payload))
 
+    def _start_thread(self) -> None:
+        with self._threads_lock:
+            # seceded threads end with their tasks: forget those, or the list would grow
+            self._threads = [t for t in self._threads if t.is_alive()]
+            n = next(self._thread_numbers)
+            t = threading.Thread(target=self._run_tasks, name=f"shoal-task-{n}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # ---------------------------------------------------------------- tasks that wait on tasks
+
+    def get_client(self) -> Any:
+        """The Client of the tasks of this worker: one, made on first use, closed with
+        the worker. It does not subscribe to cluster-state pushes."""
+        from shoal.client.client import Client
+
+        with self._client_lock:
+            if self._closed.is_set():
+                raise RuntimeError(f"worker {self.address} is closed")
+            if self._client is None:
+                self._client = Client(
+                    self.scheduler_address,
+                    name=f"worker-{self.name}",
+                    set_as_default=False,
+                    security=self.security,
+                    subscribe=False,
+                )
+            return self._client
+
+    def secede(self) -> None:
+        """On a task thread: leave the thread count, so that another task may start
+        (a new thread takes this one's place); this thread ends with its task."""
+        key = _current.key
+        if _current.seceded:
+            return
+        _current.seceded = True
+        self._push_result(Secede(key, f"secede-{next(self._stimulus)}"))
+        if not self._closed.is_set():
+            self._start_thread()
+
+    def rejoin(self) -> None:
+        """On a seceded task thread: wait for a free slot, then count again."""
+        key = _current.key
+        if not _current.seceded or self._closed.is_set():
+            return
+        event = threading.Event()
+        with self._threads_lock:
+            self._rejoins[key] = event
+        self._push_result(Rejoin(key, f"rejoin-{next(self._stimulus)}"))
+        event.wait()
+        # It counts again until its task ends; the thread then ends too (``seceded``
+        # stays set), the thread that took its place staying in the pool.
+
+    # ---------------------------------------------------------------- running tasks
+
     def _run_tasks(self) -> None:
         """A task thread: run one task after another, hand results to the loop."""
         assert self.state is not None
@@ -334,8 +418,18 @@ class Worker:
                 return
             # Nothing of a task (arguments, result) stays referenced here while the thread
             # waits for the next one: the worker may drop or spill it meanwhile.
-            self._push_result(self._run_one(*item, resolve, coroutines))
+            _current.worker, _current.key, _current.seceded = self, item[0], False
+            try:
+                result = self._run_one(*item, resolve, coroutines)
+            finally:
+                _current.worker = _current.key = None
+            self._push_result(result)
             item = None
+            del result
+            if _current.seceded:  # another thread has taken this one's place
+                for runner in coroutines:
+                    runner.close()
+                return
 
     def _run_one(
         self,

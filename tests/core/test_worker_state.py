@@ -20,6 +20,9 @@ from shoal.core.worker_state import (
     GatherFailure,
     GatherSuccess,
     Instruction,
+    Rejoin,
+    ResumeThread,
+    Secede,
     SendMessage,
     UpdateDataEvent,
     WorkerState,
@@ -34,6 +37,7 @@ from shoal.protocol.messages import (
     Payload,
     TaskErred,
     TaskFinished,
+    TaskSeceded,
 )
 
 ME = "tcp://me:1"
@@ -602,6 +606,9 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
             assert inst.worker not in pending["gather"], f"two transfers from {inst.worker}"
             assert inst.keys and inst.worker != ME
             pending["gather"][inst.worker] = inst.keys
+        elif isinstance(inst, ResumeThread):
+            pending["rejoining"].remove(inst.key)  # its thread counts again
+            pending["execute"].append(inst.key)
         else:
             msg = inst.msg
             if isinstance(msg, TaskFinished | TaskErred):
@@ -609,6 +616,8 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
                 assert not single or (msg.key in ws.data) == isinstance(msg, TaskFinished)
             elif isinstance(msg, AddKeys):
                 assert not single or all(k in ws.data for k in msg.keys)
+            elif isinstance(msg, TaskSeceded):
+                assert msg.key in wanted, f"{msg.key} seceded but not wanted"
             else:
                 assert isinstance(msg, MissingData)
                 # the scheduler reschedules it, unless a later event of the batch asked again
@@ -621,8 +630,10 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
                 assert not single or st in ("forgotten", "released", "fetch", "flight")
     assert len(pending["gather"]) <= ws.transfer_limit
     assert ws.executing_count == len(pending["execute"])
-    # every thread still running holds its GPUs, whatever became of its task
-    assert sum(pending["gpus"][k] for k in pending["execute"]) <= GPUS
+    assert ws.seceded_count == len(pending["seceded"]) + len(pending["rejoining"])
+    # every thread still running holds its GPUs, whatever became of its task (seceded too)
+    threads = pending["execute"] + pending["seceded"] + pending["rejoining"]
+    assert sum(pending["gpus"][k] for k in threads) <= GPUS
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -646,7 +657,9 @@ def test_random_interleavings_keep_the_state_valid(
     )
     by_key = {t["key"]: t for t in graph}
     pending: dict[str, Any] = {
-        "execute": [],
+        "execute": [],  # counted threads
+        "seceded": [],  # threads that seceded
+        "rejoining": [],  # seceded threads waiting for ResumeThread
         "gather": {},
         "wanted": set(),
         "asked": set(),
@@ -674,7 +687,9 @@ def test_random_interleavings_keep_the_state_valid(
     def event(sid: str) -> Any:
         actions = ["compute", "compute", "free", "scatter"] if local else ["free", "scatter"]
         if pending["execute"]:
-            actions += ["exec_ok", "exec_ok", "exec_fail"]
+            actions += ["exec_ok", "exec_ok", "exec_fail", "secede"]
+        if pending["seceded"]:
+            actions += ["rejoin", "seceded_ok"]
         if pending["gather"]:
             actions += ["gather_ok", "gather_ok", "gather_fail"]
         action = data.draw(st.sampled_from(actions))
@@ -694,6 +709,16 @@ def test_random_interleavings_keep_the_state_valid(
             pending["asked"].add(key)
             pending["last_ask"][key] = sid
             return UpdateDataEvent({key: "scattered"}, {key: 1}, sid)
+        if action == "secede":
+            key = pending["execute"].pop(data.draw(st.integers(0, len(pending["execute"]) - 1)))
+            pending["seceded"].append(key)
+            return Secede(key, sid)
+        if action in ("rejoin", "seceded_ok"):
+            key = pending["seceded"].pop(data.draw(st.integers(0, len(pending["seceded"]) - 1)))
+            if action == "seceded_ok":  # it ends without rejoining
+                return ExecuteSuccess(key, key, 8, None, "int", 1.0, 2.0, sid)
+            pending["rejoining"].append(key)
+            return Rejoin(key, sid)
         if action.startswith("exec"):
             key = pending["execute"].pop(data.draw(st.integers(0, len(pending["execute"]) - 1)))
             if action == "exec_fail":
@@ -713,10 +738,12 @@ def test_random_interleavings_keep_the_state_valid(
 
     def drain(tag: str) -> None:
         for i in range(1000):
-            if not pending["execute"] and not pending["gather"]:
+            if not (pending["execute"] or pending["gather"] or pending["seceded"]):
+                assert not pending["rejoining"]  # resumed once the counted threads ended
                 return
-            events: list[Any] = [ok(k, k, f"{tag}-{i}") for k in pending["execute"]]
-            pending["execute"] = []
+            ending = pending["execute"] + pending["seceded"]
+            events: list[Any] = [ok(k, k, f"{tag}-{i}") for k in ending]
+            pending["execute"], pending["seceded"] = [], []
             events += [answer_gather(w, f"{tag}-{i}", False, True) for w in list(pending["gather"])]
             drive(ws, events, pending)
         raise AssertionError("the state machine never settles")
@@ -734,5 +761,5 @@ def test_random_interleavings_keep_the_state_valid(
     drive(ws, [FreeKeys(list(by_key), "free-all")], pending)
     drain("end")
     assert ws.tasks == {} and ws.data == {}
-    assert ws.executing_count == 0 and ws.ready_count == 0
+    assert ws.executing_count == 0 and ws.ready_count == 0 and ws.seceded_count == 0
     assert not ws._has_what and not ws._data_needed and not ws._in_flight

@@ -124,6 +124,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         type_name="int",
         stimulus_id="finished-1",
     ),
+    m.TaskSeceded: m.TaskSeceded(key=("parent", 1), stimulus_id="secede-1"),
     m.TaskErred: m.TaskErred(
         key="bad",
         exception=PAYLOAD,

@@ -49,7 +49,14 @@ class LoopRunner:
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("a synchronous shoal call from inside the client's event loop")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if self.loop.is_closed() or not self.thread.is_alive():
+            coro.close()  # never to run: say so now, rather than wait for it forever
+            raise RuntimeError("the client's event loop has stopped: the client is closed")
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop closed just now
+            coro.close()
+            raise
         try:
             return fut.result(timeout)
         except TimeoutError:

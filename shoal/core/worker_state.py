@@ -43,11 +43,28 @@ import heapq
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
-import msgspec
-
 from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events are part of the API)
+    Event,
+    Execute,
+    ExecuteFailure,
+    ExecuteSuccess,
+    GatherDep,
+    GatherFailure,
+    GatherSuccess,
+    Instruction,
+    Pause,
+    Rejoin,
+    ResumeThread,
+    Secede,
+    SendMessage,
+    Unpause,
+    UnserializableData,
+    UpdateDataEvent,
+    WorkerEvent,
+)
 from shoal.protocol import messages as m
-from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Message, Payload
+from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Payload
 
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
 MAX_PIPELINE = 16
@@ -56,126 +73,6 @@ SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
 STATES = frozenset(
     {"released", "waiting", "fetch", "flight", "ready", "executing", "memory", "error", "cancelled"}
 )
-
-# --- events (ComputeTask and FreeKeys, wire messages, are events too) ---------------------
-
-
-class WorkerEvent(msgspec.Struct):
-    """Base of the events the worker server makes itself."""
-
-
-class ExecuteSuccess(WorkerEvent):
-    key: Key
-    value: Any
-    nbytes: int
-    inline: Payload | None
-    type_name: str
-    start: float
-    stop: float
-    stimulus_id: str
-
-
-class ExecuteFailure(WorkerEvent):
-    key: Key
-    exception: Payload
-    traceback: str
-    start: float
-    stop: float
-    stimulus_id: str
-
-
-class GatherSuccess(WorkerEvent):
-    """A GatherDep ended; asked keys absent from ``data`` count as missing."""
-
-    worker: str
-    data: dict[Key, Any]
-    nbytes: dict[Key, int]
-    missing: list[Key]
-    stimulus_id: str
-
-
-class GatherFailure(WorkerEvent):
-    """A GatherDep ended because the peer could not be reached."""
-
-    worker: str
-    keys: list[Key]
-    stimulus_id: str
-
-
-class UpdateDataEvent(WorkerEvent):
-    """A client scattered data here."""
-
-    data: dict[Key, Any]
-    nbytes: dict[Key, int]
-    stimulus_id: str
-
-
-class Pause(WorkerEvent):
-    """Memory is over the pause fraction: start no task, fetch no data."""
-
-    stimulus_id: str
-
-
-class Unpause(WorkerEvent):
-    """Memory is back under the pause fraction."""
-
-    stimulus_id: str
-
-
-class UnserializableData(WorkerEvent):
-    """The result of ``key`` could not be pickled to spill it or to send it to a peer."""
-
-    key: Key
-    reason: str
-    stimulus_id: str
-
-
-class Secede(WorkerEvent):
-    """The running task ``key`` leaves the thread count (it waits on other tasks)."""
-
-    key: Key
-    stimulus_id: str
-
-
-class Rejoin(WorkerEvent):
-    """The seceded task ``key`` asks to count again; its thread waits for ResumeThread."""
-
-    key: Key
-    stimulus_id: str
-
-
-Event = ComputeTask | FreeKeys | m.CopyKeys | WorkerEvent
-
-# --- instructions -----------------------------------------------------------------------
-
-
-class Instruction(msgspec.Struct, gc=False):
-    """Base of what the server must do after a call to ``handle``."""
-
-
-class Execute(Instruction):
-    key: Key
-    stimulus_id: str
-
-
-class GatherDep(Instruction):
-    worker: str
-    keys: list[Key]
-    total_nbytes: int
-    stimulus_id: str
-
-
-class ResumeThread(Instruction):
-    """A thread slot is free for the rejoining task ``key``: let its thread go on."""
-
-    key: Key
-    stimulus_id: str
-
-
-class SendMessage(Instruction):
-    msg: Message
-    stimulus_id: str
-
 
 # --- tasks ------------------------------------------------------------------------------
 

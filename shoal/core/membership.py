@@ -62,6 +62,7 @@ class Membership:
     workers: dict[str, WorkerRecord]
     runnable: dict[str, WorkerRecord]
     version: int
+    total_nbytes: int
     clients: dict[str, ClientRecord]
     comm: Comm
     log: StoryLog
@@ -87,6 +88,7 @@ class Membership:
         self._now = 0.0  # the latest time an event carried
         self.total_threads = 0  # over the workers, kept as they come and go
         self.total_memory = 0
+        self.total_nbytes = 0  # results held, over the workers
 
     # ------------------------------------------------------------------ joining and leaving
 
@@ -146,6 +148,7 @@ class Membership:
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         ws.has_what = set()
+        self.total_nbytes -= ws.nbytes
         ws.nbytes = 0
         # Every lost key is released before anything is placed again: a recommendation
         # could otherwise send a task off with a dependency still "in memory" nowhere.

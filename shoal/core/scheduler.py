@@ -16,12 +16,14 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.introspection import Introspection
 from shoal.core.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_WORKER_TTL,
     Membership,
 )
 from shoal.core.placement import Placement
+from shoal.core.progress import Progress
 from shoal.core.scheduler_model import (
     SMALL,
     TASK_STATES,
@@ -60,7 +62,7 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership):
+class SchedulerState(Placement, Membership, Introspection, Progress):
     def __init__(
         self,
         comm: Comm,
@@ -82,6 +84,7 @@ class SchedulerState(Placement, Membership):
         self.log = StoryLog()
         self._init_placement()
         self._init_membership(allowed_failures, worker_ttl)
+        self._init_progress()
         self._generation = itertools.count()
         self.transition_counter = 0
         self.task_counts = dict.fromkeys(TASK_STATES, 0)  # per state, kept by the tasks
@@ -174,6 +177,7 @@ class SchedulerState(Placement, Membership):
             recs, errs = cs.partial
             cs.partial = None
             self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
+        self._close_watches(cs)
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -407,6 +411,8 @@ class SchedulerState(Placement, Membership):
         m.WantKeys: _want_keys,
         m.ScatterDone: _scatter_done,
         m.RetireWorkers: Membership._retire_workers,
+        m.WatchProgress: Progress._watch_progress,
+        m.StopProgress: Progress._stop_progress,
     }
 
     # ------------------------------------------------------------------ events: workers
@@ -496,63 +502,6 @@ class SchedulerState(Placement, Membership):
         m.KeyUnserializable: Membership._key_unserializable,
     }
 
-    # ------------------------------------------------------------------ queries
-
-    def who_has(self, keys: Iterable[Key]) -> list[tuple[Key, list[str]]]:
-        out = []
-        for key in keys:
-            ts = self.tasks.get(key)
-            out.append((key, [ws.address for ws in ts.who_has] if ts is not None else []))
-        return out
-
-    def worker_infos(self, start: int = 0, limit: int = -1) -> list[m.WorkerInfo]:
-        """A page of the workers, in the order they joined (all of them by default)."""
-        stop = None if limit < 0 else start + limit
-        return [
-            m.WorkerInfo(
-                ws.address,
-                ws.name,
-                ws.host,
-                ws.nthreads,
-                ws.memory_limit,
-                len(ws.processing),
-                ws.nbytes,
-                ws.tasks_run,
-                ws.resources,
-                ws.pid,
-                ws.status,
-                ws.memory,
-            )
-            for ws in itertools.islice(self.workers.values(), max(0, start), stop)
-        ]
-
-    def story(self, *keys: Key) -> list[tuple[Any, ...]]:
-        return self.log.story(*keys)
-
-    def summary(self) -> m.ClusterState:
-        """The cluster in numbers: O(prefixes), never O(tasks) or O(groups)."""
-        prefixes = [
-            m.PrefixCounts(
-                tp.name,
-                {state: n for state, n in tp.states.items() if n and state != "forgotten"},
-                tp.nbytes,
-                tp.duration_sum,
-                tp.duration_count,
-            )
-            for tp in self.prefixes.values()
-            if tp.alive
-        ]
-        return m.ClusterState(
-            self.version,
-            len(self.workers),
-            self.total_threads,
-            self.total_memory,
-            sum(ws.nbytes for ws in self.workers.values()),
-            len(self.workers) - len(self.runnable),
-            {state: n for state, n in self.task_counts.items() if n and state != "forgotten"},
-            prefixes,
-        )
-
     # ------------------------------------------------------------------ helpers
 
     def _group(self, name: Any) -> TaskGroup:
@@ -565,8 +514,7 @@ class SchedulerState(Placement, Membership):
             tp = self.prefixes.get(pname)
             if tp is None:
                 tp = self.prefixes[pname] = TaskPrefix(pname, self.task_counts)
-            tp.ngroups += 1
-            tg = self.groups[name] = TaskGroup(name, tp)
+            tg = self.groups[name] = tp.groups[name] = TaskGroup(name, tp)
         return tg
 
     def _needed(self, ts: TaskState) -> bool:
@@ -581,12 +529,14 @@ class SchedulerState(Placement, Membership):
             ts.who_has = added(ts.who_has, ws)
             ws.has_what.add(ts)
             ws.nbytes += ts.nbytes
+            self.total_nbytes += ts.nbytes
 
     def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None:
         if ws in ts.who_has:
             ts.who_has = discarded(ts.who_has, ws)
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
+            self.total_nbytes -= ts.nbytes
 
     def _set_memory(self, ts: TaskState, stimulus_id: str) -> None:
         """A released task whose data arrived without being computed (scatter)."""
@@ -793,6 +743,7 @@ class SchedulerState(Placement, Membership):
         for ws in ts.who_has:
             ws.has_what.discard(ts)
             ws.nbytes -= ts.nbytes
+            self.total_nbytes -= ts.nbytes
             self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
         ts.who_has = ()
         ts.state = "released"
@@ -875,7 +826,7 @@ class SchedulerState(Placement, Membership):
         ts.prefix.alive -= 1
         if group.alive == 0:
             del self.groups[group.name]
-            group.prefix.ngroups -= 1
+            del group.prefix.groups[group.name]
         recs: Recs = {}
         for dts in ts.dependencies:
             dts.dependents = discarded(dts.dependents, ts)

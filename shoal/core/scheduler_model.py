@@ -14,8 +14,10 @@ from shoal.protocol.messages import Key, Payload
 
 if TYPE_CHECKING:
     from shoal.core.placement import Restrictions
+    from shoal.core.progress import ProgressWatch
 
 TASK_STATES = ("released", "waiting", "queued", "processing", "memory", "erred", "forgotten")
+FINISHED = frozenset(("memory", "erred", "forgotten"))  # what a progress watch waits for
 UNKNOWN_DURATION = 0.5  # seconds assumed for a prefix with no measurement yet (as Dask)
 
 _hex8 = re.compile(r"^[0-9a-f]{8}$")
@@ -68,14 +70,18 @@ class Counters:
 class TaskPrefix(Counters):
     """All tasks whose keys share a prefix, e.g. every ``inc``."""
 
-    __slots__ = ("ngroups", "totals")
+    __slots__ = ("groups", "totals")
 
     def __init__(self, name: str, totals: dict[str, int] | None = None):
         super().__init__(name)
-        self.ngroups = 0
+        self.groups: dict[str, TaskGroup] = {}  # alive, oldest first
         # Tasks per state over the whole scheduler, shared by every prefix of it: kept
         # with the prefix's own counts, so the cluster summary never sums prefixes.
         self.totals = dict.fromkeys(TASK_STATES, 0) if totals is None else totals
+
+    @property
+    def ngroups(self) -> int:
+        return len(self.groups)
 
 
 class TaskGroup(Counters):
@@ -89,11 +95,12 @@ class TaskGroup(Counters):
 
 
 class ClientRecord:
-    __slots__ = ("id", "wants", "partial")
+    __slots__ = ("id", "wants", "partial", "watches")
 
     def __init__(self, client_id: str):
         self.id = client_id
         self.wants: set[TaskState] = set()
+        self.watches: dict[int, ProgressWatch] = {}  # its progress watches by id
         # The new tasks of a graph still arriving in parts, with their next states:
         # (to wait, to err); None when no graph is half submitted.
         self.partial: tuple[dict[TaskState, str], dict[TaskState, str]] | None = None
@@ -234,6 +241,7 @@ class TaskState:
         "exception_blame",
         "type_name",
         "restrictions",
+        "watches",
     )
 
     def __init__(
@@ -268,6 +276,7 @@ class TaskState:
         self.exception_blame: TaskState | None = None
         self.type_name = ""
         self.restrictions: Restrictions | None = None  # shared; None: any worker will do
+        self.watches: Members[ProgressWatch] = ()  # progress watches waiting for it
         group.states["released"] += 1
         group.prefix.states["released"] += 1
         group.prefix.totals["released"] += 1
@@ -291,6 +300,10 @@ class TaskState:
         totals[old] -= 1
         totals[value] += 1
         self._state = value
+        if self.watches and value in FINISHED:
+            for watch in self.watches:
+                watch.finished(self, value)
+            self.watches = ()
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self._state}>"

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shoal.core.placement import SLACK, Restrictions
-from shoal.core.scheduler_model import SMALL, TaskState
+from shoal.core.scheduler_model import FINISHED, SMALL, TaskState
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
+    from shoal.core.progress import ProgressWatch
     from shoal.core.scheduler import SchedulerState
 
 
@@ -129,6 +131,10 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     for name, tg in state.groups.items():
         got = {s: n for s, n in tg.states.items() if n and s != "forgotten"}
         check(got == counts.get(name, {}), f"group {name} counters {got} != {counts.get(name)}")
+    for tp in state.prefixes.values():
+        check(all(tg.prefix is tp for tg in tp.groups.values()), f"groups of prefix {tp.name}")
+        check(all(state.groups.get(n) is tg for n, tg in tp.groups.items()), f"prefix {tp.name}")
+    check(sum(tp.ngroups for tp in state.prefixes.values()) == len(state.groups), "groups")
     for cs in state.clients.values():
         for ts in cs.wants:
             check(cs in ts.who_wants and ts.key in state.tasks, "client wants a lost task", ts)
@@ -177,3 +183,25 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     check(all(ts.key in state.tasks for ts in state.suspicious), "suspicious forgotten task")
     for resource, holders in state.by_resource.items():
         check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")
+    _check_watches(state, check)
+    workers = state.workers.values()
+    check(state.total_nbytes == sum(ws.nbytes for ws in workers), "total nbytes")
+    check(state.total_threads == sum(ws.nthreads for ws in workers), "total threads")
+    check(state.total_memory == sum(ws.memory_limit for ws in workers), "total memory")
+
+
+def _check_watches(state: SchedulerState, check: Callable[..., None]) -> None:
+    """Every open watch is marked on exactly as many unfinished tasks as it waits for."""
+    marked: dict[ProgressWatch, int] = {}
+    for ts in state.tasks.values():
+        for watch in ts.watches:
+            check(ts.state not in FINISHED, "a finished task still marked for a watch", ts)
+            marked[watch] = marked.get(watch, 0) + 1
+    for cs in state.clients.values():
+        for watch_id, watch in cs.watches.items():
+            what = f"progress watch {cs.id}/{watch_id}"
+            check(watch.id == watch_id and watch.client == cs.id and not watch.closed, what)
+            check(watch.left == marked.get(watch, 0), f"{what}: {watch.left} left")
+            done = sum(c[1] + c[2] for c in watch.counts.values()) + watch.forgotten
+            total = sum(c[0] for c in watch.counts.values())
+            check(done + watch.left == total, f"{what}: counts {watch.counts}")

@@ -20,7 +20,8 @@ import msgspec
 # 2: task restrictions and worker resources. An older peer would silently drop the new
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
-PROTOCOL_VERSION = 3
+# 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
+PROTOCOL_VERSION = 4
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -269,6 +270,51 @@ class PrefixCounts(msgspec.Struct, array_like=True, gc=False, omit_defaults=True
     duration_count: int = 0
 
 
+class GroupsRequest(Message):
+    """Client -> scheduler: the counters of the newest ``limit`` task groups (of one
+    prefix, if given): the answer costs O(limit), however many groups there are."""
+
+    request_id: int
+    prefix: str = ""
+    limit: int = 100
+
+
+class GroupsReply(Message):
+    request_id: int
+    groups: list[PrefixCounts]  # newest first
+    total: int  # groups alive (of the prefix, if one was asked for)
+
+
+class WatchProgress(Message):
+    """Client -> scheduler: count, per prefix, the tasks these keys need until every
+    one is done; the counts come back as :class:`ProgressCounts` when they change."""
+
+    watch_id: int
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class StopProgress(Message):
+    watch_id: int
+    stimulus_id: str = ""
+
+
+class PrefixProgress(msgspec.Struct, array_like=True, gc=False):
+    name: str
+    total: int
+    memory: int  # done: reached memory (they count as done after being released)
+    erred: int
+
+
+class ProgressCounts(Message):
+    """Scheduler -> the watching client, at most once an interval while they change."""
+
+    watch_id: int
+    prefixes: list[PrefixProgress]
+    forgotten: int = 0  # tasks forgotten before they finished (cancelled, released)
+    finished: bool = False  # nothing left to wait for: the last message of this watch
+
+
 class ClusterState(Message):
     """Scheduler -> subscribed clients, when it changed (at most once an interval): the
     cluster in numbers kept up to date as events happen, never the list of workers."""
@@ -510,6 +556,11 @@ AnyMessage = (
     | CopyKeys
     | CloseWorker
     | ClusterState
+    | GroupsRequest
+    | GroupsReply
+    | WatchProgress
+    | StopProgress
+    | ProgressCounts
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -271,6 +271,7 @@ def test_retire_is_refused_when_others_lack_memory():
     holder = next(iter(sim.ts("big").who_has)).address
     other = W2 if holder == W1 else W1
     sim.s.workers[other].memory_limit = 100  # the other has room for 100 bytes only
+    sim.s.total_memory -= 900
     retire(sim, holder)
     [reply] = replies(sim)
     assert "room for 100 of the 500 bytes" in reply.refused[holder]

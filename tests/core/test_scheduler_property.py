@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_harness import EXC, Sim, addr
 
+from shoal.core.scheduler_model import FINISHED
 from shoal.protocol.messages import (
     ComputeTask,
     FreeKeys,
@@ -27,11 +28,16 @@ from shoal.protocol.messages import (
     KeyErred,
     KeyInMemory,
     MissingData,
+    ProgressCounts,
     TaskRestrictions,
+    WatchProgress,
 )
 
 CLIENTS = ("c1", "c2")
-STEPS = ("finish", "finish", "finish", "fail", "add", "remove", "release", "cancel", "copy", "miss")
+STEPS = (
+    *("finish", "finish", "finish", "fail", "add", "remove", "release", "cancel", "copy"),
+    *("miss", "watch"),
+)
 # Restrictions a task may draw; workers 1 and 2 are added back at the end if they left,
 # so that every task can run. Worker n has n % 3 GPUs.
 RESTRICTIONS = (
@@ -129,6 +135,7 @@ class Run:
     def sync(self) -> None:
         """Feed the scheduler's messages to the worker models and check the clients'."""
         s = self.sim.s
+        s.flush_progress()
         for address, model in self.models.items():
             for msg in self.sim.to_worker(address):
                 if isinstance(msg, FunctionDefs):
@@ -155,6 +162,11 @@ class Run:
             cs = s.clients.get(c)
             for msg in self.sim.to_client(c):
                 if isinstance(msg, KeyCancelled):
+                    continue
+                if isinstance(msg, ProgressCounts):
+                    assert all(0 <= p.memory + p.erred <= p.total for p in msg.prefixes), msg
+                    assert cs is not None
+                    assert msg.finished or cs.watches[msg.watch_id].targets, msg
                     continue
                 assert isinstance(msg, KeyInMemory | KeyErred), msg
                 assert cs is not None and msg.key in {ts.key for ts in cs.wants}
@@ -240,6 +252,10 @@ class Run:
                 address = sorted(self.models)[r % len(self.models)]
                 self.sim.add_keys(address, {k: len(k)})
                 self.models[address].data.add(k)
+        elif kind == "watch":  # a progress bar over some keys (a watch id used again)
+            c = CLIENTS[r % 2]
+            watched = [self.keys[(r + i) % len(self.keys)] for i in range(1 + r % 3)]
+            s.handle_client(c, WatchProgress(r % 3, watched, "watch"))
         elif kind == "miss":  # a worker found no holder of a dependency
             with_deps = [k for k in processing if self.dag[k]]
             if with_deps:
@@ -301,6 +317,9 @@ class Run:
                 assert ts.state == "memory", k
             if k in self.last_failed:
                 assert ts.state == "erred", k
+        for c in CLIENTS:  # a watch still open waits for a key not finished
+            for watch in s.clients[c].watches.values():
+                assert any(ts.state not in FINISHED for ts in watch.targets), watch
         # nothing runs for nobody, and nothing is kept for nobody
         for ts in s.tasks.values():
             if ts.state == "memory":

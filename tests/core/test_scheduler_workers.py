@@ -467,6 +467,14 @@ def corrupt_worker_bytes(sim: Sim) -> None:
     sim.ws(W1).nbytes += 1
 
 
+def corrupt_total_bytes(sim: Sim) -> None:
+    sim.s.total_nbytes += 1
+
+
+def corrupt_prefix_groups(sim: Sim) -> None:
+    sim.ts("m").prefix.groups.clear()
+
+
 def corrupt_free_set(sim: Sim) -> None:
     sim.s.free_workers.add(sim.ws(W1))
 
@@ -495,6 +503,8 @@ def corrupt_occupancy(sim: Sim) -> None:
         (corrupt_who_has, "who_has vs memory"),
         (corrupt_group_counter, "counters"),
         (corrupt_worker_bytes, "nbytes of"),
+        (corrupt_total_bytes, "total nbytes"),
+        (corrupt_prefix_groups, "groups"),
         (corrupt_free_set, "free set"),
         (corrupt_waiting_on, "waiting on nothing"),
         (corrupt_waiters, "does not know it is needed"),

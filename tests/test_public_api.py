@@ -13,6 +13,7 @@ EXPECTED = [
     "__version__",
     "as_completed",
     "get_client",
+    "progress",
     "rejoin",
     "secede",
     "wait",

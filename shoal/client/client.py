@@ -47,7 +47,7 @@ from shoal.protocol.serialize import (
 )
 
 logger = logging.getLogger("shoal.client")
-_LATE_REPLIES = (m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply)
+_LATE_REPLIES = (m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply)
 T = TypeVar("T")
 
 
@@ -83,6 +83,8 @@ class Client(ClusterInfo):
         self._subscribed = subscribe
         self._summary: m.ClusterState | None = None
         self._summary_changed: asyncio.Future[None] | None = None
+        self._watchers: dict[int, Callable[[m.ProgressCounts | None], None]] = {}
+        self._watch_ids = itertools.count(1)
         self.name = name or f"pid{os.getpid()}"
         self.id = ""
         self.cluster: Any = None
@@ -207,6 +209,7 @@ class Client(ClusterInfo):
         # whose release edits ``_states``: iterate over a copy.
         for st in list(self._states.values()):
             st.cancel("the client closed")
+        self._progress_lost()
         self._flush_outbox()
         conn = self._conn
         if conn is not None and not conn.closed:
@@ -252,6 +255,7 @@ class Client(ClusterInfo):
         for st in list(self._states.values()):
             if not st.done():
                 st.cancel(reason)
+        self._progress_lost()
 
     # ---------------------------------------------------------------- threads and the loop
 
@@ -355,6 +359,8 @@ class Client(ClusterInfo):
                     st.set_error(*_remote_exception(msg))  # type: ignore[arg-type]
             elif t is m.ClusterState:
                 self._set_summary(msg)  # type: ignore[arg-type]
+            elif t is m.ProgressCounts:
+                self._progress_counts(msg)  # type: ignore[arg-type]
             elif t is m.KeyCancelled:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:

@@ -1,12 +1,14 @@
 """What a client can learn of the cluster: the summary the scheduler pushes, the paged
-worker list, per-prefix counters, waiting for workers, and retiring them. A mixin of
+worker list, per-prefix and per-group counters, progress watches, waiting for workers,
+and retiring them. A mixin of
 :class:`~shoal.client.client.Client`, whose connection and loop it uses."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+import itertools
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shoal.comm.connection import Connection
@@ -22,10 +24,14 @@ class ClusterInfo:
     _subscribed: bool
     _summary: m.ClusterState | None
     _summary_changed: asyncio.Future[None] | None
+    _watchers: dict[int, Callable[[m.ProgressCounts | None], None]]
+    _watch_ids: itertools.count[int]
 
     if TYPE_CHECKING:
 
         def _sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
+
+        def _send(self, msg: m.Message) -> None: ...
 
     async def _info(self, start: int = 0, limit: int = -1) -> m.InfoReply:
         assert self._conn is not None
@@ -66,15 +72,7 @@ class ClusterInfo:
             "nbytes": s.nbytes,
             "paused": s.paused,
             "tasks": dict(s.tasks),
-            "prefixes": {
-                p.name: {
-                    "states": dict(p.states),
-                    "nbytes": p.nbytes,
-                    "duration_sum": p.duration_sum,
-                    "duration_count": p.duration_count,
-                }
-                for p in s.prefixes
-            },
+            "prefixes": {p.name: _counters(p) for p in s.prefixes},
         }
 
     def task_prefixes(self) -> Any:
@@ -87,6 +85,49 @@ class ClusterInfo:
             return dict(self.cluster_summary().get("prefixes", {}))
 
         return prefixes() if self.asynchronous else self._sync(prefixes())
+
+    def task_groups(self, prefix: str | None = None, limit: int = 100) -> Any:
+        """Counters of the newest ``limit`` task groups (one per ``client.map`` call or
+        dask layer), of one ``prefix`` if given, newest first: tasks per state, bytes
+        held, durations measured. The answer costs O(limit) however many groups exist."""
+
+        async def groups() -> dict[str, Any]:
+            assert self._conn is not None
+            reply, _ = await self._conn.request(
+                lambda rid: m.GroupsRequest(rid, prefix or "", limit), timeout=self.timeout
+            )
+            assert isinstance(reply, m.GroupsReply)
+            return {g.name: _counters(g) for g in reply.groups}
+
+        return groups() if self.asynchronous else self._sync(groups())
+
+    def _watch_progress(
+        self, keys: list[Any], on_counts: Callable[[m.ProgressCounts | None], None]
+    ) -> int:
+        """Have the scheduler count, per prefix, the tasks ``keys`` need; ``on_counts``
+        is called on the client's loop with each :class:`ProgressCounts` it pushes
+        (the last one ``finished``), or with None if the scheduler is lost."""
+        watch_id = next(self._watch_ids)
+        self._watchers[watch_id] = on_counts
+        self._send(m.WatchProgress(watch_id, keys, f"progress-{watch_id}"))
+        return watch_id
+
+    def _unwatch_progress(self, watch_id: int) -> None:
+        conn = self._conn
+        if self._watchers.pop(watch_id, None) is not None and conn is not None and not conn.closed:
+            self._send(m.StopProgress(watch_id, f"progress-{watch_id}-stop"))
+
+    def _progress_counts(self, msg: m.ProgressCounts) -> None:
+        on_counts = self._watchers.get(msg.watch_id)
+        if on_counts is not None:
+            if msg.finished:
+                del self._watchers[msg.watch_id]
+            on_counts(msg)
+
+    def _progress_lost(self) -> None:
+        watchers, self._watchers = self._watchers, {}
+        for on_counts in watchers.values():
+            on_counts(None)
 
     def scheduler_info(self, n_workers: int = -1, start: int = 0) -> Any:
         """The scheduler's identity, its summary and its workers: all of them by
@@ -153,3 +194,12 @@ class ClusterInfo:
                         await self._info(0, 0)
 
         return waiting() if self.asynchronous else self._sync(waiting())
+
+
+def _counters(c: m.PrefixCounts) -> dict[str, Any]:
+    return {
+        "states": dict(c.states),
+        "nbytes": c.nbytes,
+        "duration_sum": c.duration_sum,
+        "duration_count": c.duration_count,
+    }

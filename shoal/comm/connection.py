@@ -36,7 +36,15 @@ from shoal.protocol.framing import (
 logger = logging.getLogger("shoal.comm")
 
 FrameHandler = Callable[["Connection", Frame], None]
-_REPLIES = (m.DataReply, m.Ack, m.WhoHasReply, m.InfoReply, m.HeartbeatReply, m.RetireReply)
+_REPLIES = (
+    m.DataReply,
+    m.Ack,
+    m.WhoHasReply,
+    m.InfoReply,
+    m.HeartbeatReply,
+    m.RetireReply,
+    m.GroupsReply,
+)
 
 
 class CommClosedError(ConnectionError):

@@ -29,6 +29,7 @@ logger = logging.getLogger("shoal.scheduler")
 
 
 CLIENT_HEARTBEAT = 2.0  # seconds between a client's heartbeats
+PROGRESS_INTERVAL = 0.2  # seconds between two counts of one progress watch, at most
 
 
 def summary_interval(subscribers: int) -> float:
@@ -76,6 +77,7 @@ class Scheduler:
         self._subscribers: dict[str, Connection] = {}  # clients that get the summary
         self._summary_cache: tuple[int, list[bytes | memoryview]] | None = None
         self._pusher: asyncio.Task[None] | None = None
+        self._progress_pusher: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -104,6 +106,7 @@ class Scheduler:
         self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
+        self._progress_pusher = asyncio.ensure_future(self._push_progress())
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -116,7 +119,7 @@ class Scheduler:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in (self._watchdog, self._pusher):
+        for task in (self._watchdog, self._pusher, self._progress_pusher):
             if task is not None:
                 task.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
@@ -208,7 +211,7 @@ class Scheduler:
         def on_frame(conn: Connection, frame: Frame) -> None:
             batch: list[m.Message] = []
             for msg in frame.messages:
-                if isinstance(msg, m.WhoHasRequest | m.InfoRequest | m.Heartbeat):
+                if isinstance(msg, m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat):
                     if batch:
                         self._client_batch(client_id, batch)
                         batch = []
@@ -232,9 +235,13 @@ class Scheduler:
         except TypeError as e:
             raise ProtocolError(str(e)) from None
 
-    def _answer(self, msg: m.WhoHasRequest | m.InfoRequest | m.Heartbeat) -> m.Message:
+    def _answer(
+        self, msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat
+    ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
             return m.HeartbeatReply(msg.request_id, CLIENT_HEARTBEAT)
+        if isinstance(msg, m.GroupsRequest):
+            return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
         return m.InfoReply(
@@ -266,6 +273,14 @@ class Scheduler:
                 pushed = self.state.version
                 for conn in list(self._subscribers.values()):
                     conn.send_frame(frame)
+
+    async def _push_progress(self) -> None:
+        """Send progress watches their counts when they changed, at most once an
+        interval: a bar over a million tasks costs a message per interval, not per task."""
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL)
+            if self.state.progress_changed:
+                self.state.flush_progress()
 
     # ---------------------------------------------------------------- liveness
 

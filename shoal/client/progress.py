@@ -136,7 +136,7 @@ class TextProgress:
     def __init__(self, multi: bool = True, file: IO[str] | None = None):
         from tqdm import tqdm
 
-        class Bar(tqdm):  # type: ignore[misc,type-arg]
+        class Bar(tqdm):
             monitor_interval = 0  # no monitor thread: nothing outlives the bars
 
         self._tqdm = Bar

@@ -1,6 +1,7 @@
 """Task functions and workloads.
 
-The task functions (``inc``, ``add``, ``sum_list``) live in this importable module
+The task functions (``inc``, ``add``, ``sum_list``, and ``submit_incs`` for
+``benchmarks/worker_clients.py``) live in this importable module
 (``benchmarks.workloads``) so that both shoal and Dask pickle them *by reference*;
 the worker processes get the repository root on ``PYTHONPATH`` to import them.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import pathlib
 import sys
 import threading
@@ -36,6 +38,16 @@ def add(a, b):
 
 def sum_list(xs):
     return sum(xs)
+
+
+def submit_incs(module: str, start: int, n: int) -> int:
+    """A task that submits tasks (the ``worker_clients`` benchmark): with the
+    ``worker_client`` of ``module`` (``"shoal"`` or ``"distributed"``), submit
+    ``inc(start)`` ... ``inc(start + n - 1)``, gather them and return their sum."""
+    worker_client = importlib.import_module(module).worker_client
+    with worker_client() as client:
+        futs = [client.submit(inc, start + j, pure=False) for j in range(n)]
+        return sum(client.gather(futs))
 
 
 def dask_executed_count(dask_worker) -> int:

@@ -421,7 +421,9 @@ class Client(ClusterInfo):
         allow_other_workers: bool = False,
         **kwargs: Any,
     ) -> list[Future]:
-        """``submit`` for each element of the iterables, in one message."""
+        """``submit`` for each element of the iterables, in one message. ``key``: a
+        prefix for the keys, or the keys themselves (then, as in Dask, each key's name
+        is its group: ``("x-1", 0)`` is in group ``"x-1"``); else one group per call."""
         restrictions = task_restrictions(workers, allow_other_workers, resources)
         if not callable(func):
             raise TypeError(f"map needs a callable, got {type(func).__name__}")
@@ -440,7 +442,7 @@ class Client(ClusterInfo):
                 pure,
                 retries,
                 priority,
-                group=group,
+                group=group if keys is None else "",  # explicit keys name their groups
                 name=name,
                 restrictions=restrictions,
             )

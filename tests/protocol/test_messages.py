@@ -176,6 +176,20 @@ SAMPLES: dict[type[m.Message], m.Message] = {
             m.PrefixCounts("inc", {"memory": 3}, nbytes=24, duration_sum=0.5, duration_count=3)
         ],
     ),
+    m.GroupsRequest: m.GroupsRequest(request_id=19, prefix="inc", limit=10),
+    m.GroupsReply: m.GroupsReply(
+        request_id=19,
+        groups=[m.PrefixCounts("inc-1a2b3c4d", {"processing": 1}, duration_count=2)],
+        total=7,
+    ),
+    m.WatchProgress: m.WatchProgress(watch_id=3, keys=["a", ("b", 1)], stimulus_id="p-3"),
+    m.StopProgress: m.StopProgress(watch_id=3, stimulus_id="p-3-stop"),
+    m.ProgressCounts: m.ProgressCounts(
+        watch_id=3,
+        prefixes=[m.PrefixProgress("inc", total=10, memory=7, erred=1)],
+        forgotten=1,
+        finished=True,
+    ),
 }
 
 

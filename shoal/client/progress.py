@@ -64,8 +64,10 @@ class Watch:
     """The latest counts of one scheduler watch, for a thread or a coroutine to wait on.
     The client calls :meth:`_on_counts` on its loop as counts arrive."""
 
-    def __init__(self, client: Client, keys: list[Any]):
+    def __init__(self, client: Client, keys: list[Any], complete: bool = True):
         self.client = client
+        self.complete = complete  # False: leave out what was done before the watch
+        self._before: dict[str, tuple[int, int]] = {}  # prefix -> (memory, erred) then
         self.latest: m.ProgressCounts | None = None
         self.lost = False  # the scheduler went away (or the client closed) first
         self.updates = 0
@@ -86,7 +88,13 @@ class Watch:
         msg = self.latest
         if msg is None:
             return []
-        rows = [Row(p.name, p.total, p.memory, p.erred) for p in reversed(msg.prefixes)]
+        rows = []
+        for p in reversed(msg.prefixes):
+            memory, erred = self._before.get(p.name, (0, 0))
+            if p.total > memory + erred:  # all done before (complete=False): no bar
+                rows.append(
+                    Row(p.name, p.total - memory - erred, p.memory - memory, p.erred - erred)
+                )
         if multi:
             return rows
         return [
@@ -103,6 +111,8 @@ class Watch:
             if msg is None:
                 self.lost = True
             else:
+                if self.latest is None and not self.complete:
+                    self._before = {p.name: (p.memory, p.erred) for p in msg.prefixes}
                 self.latest = msg
             self.updates += 1
             self._cond.notify_all()
@@ -256,6 +266,7 @@ def progress(
     *futures: Any,
     notebook: bool | None = None,
     multi: bool = True,
+    complete: bool = True,
     file: IO[str] | None = None,
 ) -> Any:
     """Show the progress of futures (or persisted dask collections), per task prefix.
@@ -264,7 +275,8 @@ def progress(
     ``file`` (stderr by default); with an asynchronous client it returns an awaitable
     doing the same. In Jupyter (``notebook=True``, detected by default) it returns at
     once an object that displays itself as bars updated in place. ``multi=False``
-    shows one bar for all tasks instead of one per prefix."""
+    shows one bar for all tasks instead of one per prefix; ``complete=False`` leaves
+    out the tasks already done when the bars start."""
     found = futures_of(futures)
     if not found:
         raise ValueError("progress() needs futures, or dask collections persisted on shoal")
@@ -272,7 +284,7 @@ def progress(
     keys = list(dict.fromkeys(f.key for f in found))
     if notebook is None:
         notebook = in_notebook()
-    watch = Watch(client, keys)
+    watch = Watch(client, keys, complete)
     if notebook:
         return HTMLProgress(watch, multi).show()
     bars = TextProgress(multi, file)

@@ -95,13 +95,19 @@ def test_progress_with_an_asynchronous_client(inproc_cluster: LocalCluster) -> N
     assert final_counts(asyncio.run(main())) == {"slow_inc": (4, 4)}
 
 
-def test_progress_of_done_futures_returns_at_once(inproc_cluster: LocalCluster) -> None:
+def test_progress_of_done_futures_returns_at_once_or_leaves_them_out(
+    inproc_cluster: LocalCluster,
+) -> None:
     with Client(inproc_cluster) as client:
         futures = client.map(double, range(3))
         client.gather(futures)
         out = io.StringIO()
         progress(futures, file=out)
         assert final_counts(out.getvalue()) == {"double": (3, 3)}
+        more = client.map(slow_inc, range(4))
+        out = io.StringIO()
+        progress([*futures, *more], complete=False, file=out)  # without the done ones
+        assert final_counts(out.getvalue()) == {"slow_inc": (4, 4)}
         with pytest.raises(ValueError, match="needs futures"):
             progress([1, 2], file=out)
 

@@ -82,6 +82,7 @@ class Client(ClusterInfo):
         # would multiply the pushes by the number of workers.
         self._subscribed = subscribe
         self._summary: m.ClusterState | None = None
+        self._chain: m.ClusterState | None = None
         self._summary_changed: asyncio.Future[None] | None = None
         self._watchers: dict[int, Callable[[m.ProgressCounts | None], None]] = {}
         self._watch_ids = itertools.count(1)
@@ -358,7 +359,7 @@ class Client(ClusterInfo):
                 if st is not None:
                     st.set_error(*_remote_exception(msg))  # type: ignore[arg-type]
             elif t is m.ClusterState:
-                self._set_summary(msg)  # type: ignore[arg-type]
+                self._pushed_summary(msg)  # type: ignore[arg-type]
             elif t is m.ProgressCounts:
                 self._progress_counts(msg)  # type: ignore[arg-type]
             elif t is m.KeyCancelled:

@@ -11,6 +11,8 @@ import itertools
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import msgspec
+
 from shoal.comm.connection import Connection
 from shoal.protocol import messages as m
 
@@ -22,7 +24,8 @@ class ClusterInfo:
     timeout: float
     _conn: Connection | None
     _subscribed: bool
-    _summary: m.ClusterState | None
+    _summary: m.ClusterState | None  # the newest we know, pushed or asked for
+    _chain: m.ClusterState | None  # the last pushed, which the next delta builds on
     _summary_changed: asyncio.Future[None] | None
     _watchers: dict[int, Callable[[m.ProgressCounts | None], None]]
     _watch_ids: itertools.count[int]
@@ -42,6 +45,23 @@ class ClusterInfo:
         if reply.summary is not None:
             self._set_summary(reply.summary)
         return reply
+
+    def _pushed_summary(self, msg: m.ClusterState) -> None:
+        """A summary the scheduler pushed: a full one when we subscribed, then deltas,
+        each built on the one before."""
+        if msg.base >= 0:
+            chain = self._chain
+            if chain is None or chain.version != msg.base:
+                return  # not built on what we have (cannot happen on one connection)
+            prefixes = {p.name: p for p in chain.prefixes}
+            for name in msg.removed:
+                prefixes.pop(name, None)
+            prefixes.update((p.name, p) for p in msg.prefixes)
+            msg = msgspec.structs.replace(
+                msg, prefixes=list(prefixes.values()), base=-1, removed=[]
+            )
+        self._chain = msg
+        self._set_summary(msg)
 
     def _set_summary(self, summary: m.ClusterState) -> None:
         if self._summary is None or summary.version >= self._summary.version:

@@ -327,6 +327,10 @@ class ClusterState(Message):
     paused: int  # workers paused or retiring
     tasks: dict[str, int]  # per state
     prefixes: list[PrefixCounts] = []
+    # A delta, pushed to subscribers: ``prefixes`` lists only those that changed since
+    # the summary of version ``base`` (the previous push), ``removed`` those now gone.
+    base: int = -1  # -1: a full summary
+    removed: list[str] = []
 
 
 # --- scheduler -> worker ---------------------------------------------------------

@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
+
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
@@ -75,7 +77,9 @@ class Scheduler:
         self._stimulus = itertools.count(1)
         self._watchdog: asyncio.Task[None] | None = None
         self._subscribers: dict[str, Connection] = {}  # clients that get the summary
-        self._summary_cache: tuple[int, list[bytes | memoryview]] | None = None
+        # The summary last pushed (the base of the next delta), and its full encoding.
+        self._pushed: m.ClusterState | None = None
+        self._pushed_frame: list[bytes | memoryview] | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._progress_pusher: asyncio.Task[None] | None = None
 
@@ -205,8 +209,7 @@ class Scheduler:
         self.state.add_client(client_id)
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id))
         if hello.subscribe:  # clients inside tasks do not: they would multiply the pushes
-            self._subscribers[client_id] = conn
-            conn.send_frame(self._summary_frame())  # where the cluster stands now
+            self._subscribe(client_id, conn)
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             batch: list[m.Message] = []
@@ -255,24 +258,46 @@ class Scheduler:
 
     # ---------------------------------------------------------------- the pushed summary
 
-    def _summary_frame(self) -> list[bytes | memoryview]:
-        """The summary as frame bytes, encoded once per version for every subscriber."""
-        version = self.state.version
-        if self._summary_cache is None or self._summary_cache[0] != version:
-            self._summary_cache = (version, encode_frame([self.state.summary()]))
-        return self._summary_cache[1]
+    def _subscribe(self, client_id: str, conn: Connection) -> None:
+        """Send a new subscriber the full summary that the next pushed delta builds
+        on (at most one interval old; ``wait_for_workers`` asks for a fresh one)."""
+        if self._pushed is None:
+            self._pushed = self.state.summary()
+        if self._pushed_frame is None:
+            self._pushed_frame = encode_frame([self._pushed])  # once per push, if needed
+        self._subscribers[client_id] = conn
+        conn.send_frame(self._pushed_frame)
+
+    def _push_delta(self) -> None:
+        """What changed since the last push, encoded once for every subscriber: the
+        totals, and only the prefixes whose counters moved."""
+        now = self.state.summary()
+        before = self._pushed
+        if before is None:
+            delta = now
+        else:
+            old = {p.name: p for p in before.prefixes}
+            current = {p.name for p in now.prefixes}
+            delta = msgspec.structs.replace(
+                now,
+                prefixes=[p for p in now.prefixes if old.get(p.name) != p],
+                base=before.version,
+                removed=[name for name in old if name not in current],
+            )
+        frame = encode_frame([delta])
+        for conn in list(self._subscribers.values()):
+            conn.send_frame(frame)
+        self._pushed = now
+        self._pushed_frame = None
 
     async def _push_summaries(self) -> None:
-        """Send subscribers the summary when it changed, at most once an interval; the
-        interval grows with their number, so the bytes sent stay bounded."""
-        pushed = -1
+        """Send subscribers what changed, at most once an interval; the interval grows
+        with their number, so the bytes sent stay bounded."""
         while True:
             await asyncio.sleep(summary_interval(len(self._subscribers)))
-            if self._subscribers and self.state.version != pushed:
-                frame = self._summary_frame()
-                pushed = self.state.version
-                for conn in list(self._subscribers.values()):
-                    conn.send_frame(frame)
+            pushed = self._pushed
+            if self._subscribers and (pushed is None or self.state.version != pushed.version):
+                self._push_delta()
 
     async def _push_progress(self) -> None:
         """Send progress watches their counts when they changed, at most once an

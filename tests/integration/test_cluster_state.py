@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
+import msgspec
 import pytest
 
 from shoal import Client, LocalCluster
+from shoal.protocol.framing import FrameDecoder
 from shoal.server.worker import Worker
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,3 +96,61 @@ def test_task_prefixes_count_tasks_per_state(inproc_cluster: LocalCluster) -> No
         while "inc" in client.task_prefixes():  # all released: the prefix has no live task
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def as_dict(summary: Any) -> dict[str, Any]:
+    """A summary with its prefixes by name (a merged delta keeps another order)."""
+    fields = msgspec.structs.asdict(summary)
+    fields["prefixes"] = {p.name: p for p in summary.prefixes}
+    return fields
+
+
+def test_pushed_deltas_rebuild_the_summary_the_scheduler_has(
+    inproc_cluster: LocalCluster,
+) -> None:
+    """After the first full summary the scheduler pushes only what changed: prefixes
+    whose counters moved, and those now gone. A client that joins later starts from the
+    full summary the next delta builds on. Each ends up with the scheduler's summary."""
+    scheduler = inproc_cluster._scheduler
+    pushed: list[Any] = []
+    with Client(inproc_cluster) as early:
+        conn = scheduler._subscribers[early.id]
+        send_frame = conn.send_frame
+
+        def recording(pieces: Any) -> None:
+            data = b"".join(bytes(piece) for piece in pieces)
+            pushed.extend(msg for frame in FrameDecoder().feed(data) for msg in frame.messages)
+            send_frame(pieces)
+
+        conn.send_frame = recording  # type: ignore[method-assign]
+        incs = early.map(inc, range(5))
+        doubles = early.map(double, range(5))
+        early.gather([*incs, *doubles])
+
+        def pushed_states(name: str) -> dict[str, int]:
+            return early.cluster_summary()["prefixes"].get(name, {}).get("states", {})
+
+        wait_until(lambda: pushed_states("double") == pushed_states("inc") == {"memory": 5})
+        with Client(inproc_cluster) as late:
+            n = len(pushed)
+            del incs
+            wait_until(lambda: "inc" not in {p.name for p in scheduler.state.summary().prefixes})
+            truth = scheduler.state.summary()
+            for client in (early, late):
+                wait_until(lambda c=client: c._summary.version >= truth.version)
+                assert as_dict(client._summary) == as_dict(truth)
+                assert client.cluster_summary()["tasks"] == {"memory": 5}
+        deltas = [msg for msg in pushed[n:] if msg.base >= 0]
+        assert deltas and all(msg.prefixes == [] for msg in deltas), deltas  # double: as was
+        assert [name for msg in deltas for name in msg.removed] == ["inc"]

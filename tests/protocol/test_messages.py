@@ -175,6 +175,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         prefixes=[
             m.PrefixCounts("inc", {"memory": 3}, nbytes=24, duration_sum=0.5, duration_count=3)
         ],
+        base=17,
+        removed=["dec"],
     ),
     m.GroupsRequest: m.GroupsRequest(request_id=19, prefix="inc", limit=10),
     m.GroupsReply: m.GroupsReply(

@@ -27,5 +27,7 @@ async def keep_alive(
         except CommClosedError:
             return
         if isinstance(reply, m.HeartbeatReply):
-            interval = reply.interval
+            # As the scheduler asks, but often enough for our own timeout to mean
+            # something: a silence is noticed within about 1.5 timeouts.
+            interval = min(reply.interval, timeout / 2)
         await asyncio.sleep(interval)

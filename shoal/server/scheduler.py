@@ -30,7 +30,12 @@ from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 logger = logging.getLogger("shoal.scheduler")
 
 
-CLIENT_HEARTBEAT = 2.0  # seconds between a client's heartbeats
+def client_heartbeat_interval(n_clients: int) -> float:
+    """How often each client beats: every 2 s, slower past 20 clients, so that the
+    scheduler answers at most about 10 client heartbeats a second."""
+    return max(2.0, n_clients / 10)
+
+
 PROGRESS_INTERVAL = 0.2  # seconds between two counts of one progress watch, at most
 
 
@@ -176,6 +181,8 @@ class Scheduler:
             msgs = frame.messages
             if any(type(msg) is m.Heartbeat for msg in msgs):
                 msgs = self._worker_heartbeats(address, conn, msgs)
+                if not msgs:  # the usual idle frame: nothing for the core to apply
+                    return
             try:
                 self.state.handle_worker(address, *msgs)
             except TypeError as e:
@@ -242,7 +249,7 @@ class Scheduler:
         self, msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat
     ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
-            return m.HeartbeatReply(msg.request_id, CLIENT_HEARTBEAT)
+            return m.HeartbeatReply(msg.request_id, client_heartbeat_interval(len(self._clients)))
         if isinstance(msg, m.GroupsRequest):
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):

@@ -91,7 +91,11 @@ async def listen(
         loop.call_soon(on_connection, conn)
         return conn
 
-    server = await loop.create_server(factory, host, port, reuse_address=True, ssl=ssl_context)
+    # A deep backlog: a thousand workers starting at once must not see refused
+    # connections (asyncio's default of 100 overflowed in the cluster_state benchmark).
+    server = await loop.create_server(
+        factory, host, port, reuse_address=True, ssl=ssl_context, backlog=4096
+    )
     sockname = server.sockets[0].getsockname()
     return server, format_address(host, sockname[1], security.scheme)
 

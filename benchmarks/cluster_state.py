@@ -167,6 +167,12 @@ class Run:
     # requests made (heartbeats, scheduler-info polls)
     window_msgs: dict[str, int] = field(default_factory=dict)
     req_per_s: float = math.nan  # requests the scheduler answered (shoal) / Dask got
+
+    @property
+    def us_per_req(self) -> float:
+        """Scheduler CPU µs per request (fixed costs, e.g. timers, included)."""
+        return self.cpu_pct * 1e4 / self.req_per_s if self.req_per_s > 0 else math.nan
+
     bytes: ByteCount | None = None
     registered: int = 0
     clients_seen: int | None = None
@@ -457,8 +463,9 @@ def summarize(
         by.setdefault((r.system, r.w, r.c), []).append(r)
     lines = [
         "| system | W | C | sched CPU % of a core (median) | min–max | bytes/s sent (median) "
-        "| receivers: ss / counted B/s | requests/s | pushes in window | runs ok | dask/shoal CPU |",
-        "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|",
+        "| receivers: ss / counted B/s | requests/s | CPU µs/request | pushes in window | runs ok "
+        "| dask/shoal CPU |",
+        "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     cpu: dict[tuple[str, int, int], float] = {}
     sent: dict[tuple[str, int, int], float] = {}
@@ -487,7 +494,7 @@ def summarize(
             lines.append(
                 f"| {system} | {w:,} | {c:,} | {fmt(cpu[(system, w, c)], '.2f')} "
                 f"| {fmt(lo, '.2f')}–{fmt(hi, '.2f')} | {fmt(sent[(system, w, c)])} | {recv} "
-                f"| {fmt(med(rs, 'req_per_s'))} | {pushes} | {len(good)}/{len(rs)} | {ratio} |"
+                f"| {fmt(med(rs, 'req_per_s'))} | {fmt(med(rs, 'us_per_req'))} | {pushes} | {len(good)}/{len(rs)} | {ratio} |"
             )
     bars: list[tuple[str, str, str, bool | None]] = []
     key = ("shoal", *BAR_POINT)
@@ -620,6 +627,8 @@ def write_report(
         "- **requests/s**: requests the scheduler got in the window, counted by the load "
         "generators (shoal: replies received; Dask: worker heartbeats, client heartbeats and "
         "scheduler-info polls made).",
+        "- **CPU µs/request**: scheduler CPU / requests (what the scheduler does besides "
+        "answering them, e.g. its timers, included).",
         "- **pushes in window**: `ClusterState` messages the shoal clients received during "
         "the window (an idle cluster's summary does not change: expected 0).",
         "",

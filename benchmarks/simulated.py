@@ -64,7 +64,10 @@ DASK_WORKER_CONFIG = {
     "distributed.worker.profile.enabled": False,
 }
 
-CONNECT_CONCURRENCY = 32
+# Connections being opened at once per process. Up to 8 processes connect at the same
+# time, and shoal listens with asyncio's default backlog of 100: at 32 each, a burst of
+# connections overflowed the accept queue and a few were reset during the handshake.
+CONNECT_CONCURRENCY = 8
 FAKE_PORT_BASE = 10000
 
 

@@ -10,6 +10,8 @@ costs nothing per key and nothing is ever rescanned.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from shoal.core.comm import Comm
 from shoal.core.scheduler_model import FINISHED, ClientRecord, TaskState, added
 from shoal.protocol import messages as m
@@ -30,6 +32,14 @@ class ProgressWatch:
         self.forgotten = 0
         self.changed = changed  # the scheduler's set of watches with news to send
         self.closed = False
+
+    def row(self, prefix: str) -> list[int]:
+        """The counts of ``prefix``, with one more task in its total."""
+        row = self.counts.get(prefix)
+        if row is None:
+            row = self.counts[prefix] = [0, 0, 0]
+        row[0] += 1
+        return row
 
     def finished(self, ts: TaskState, state: str) -> None:
         """A marked task reached memory, erred or was forgotten."""
@@ -57,6 +67,15 @@ class ProgressWatch:
         return f"<ProgressWatch {self.client}/{self.id} left={self.left}>"
 
 
+def _each_once(stack: list[TaskState], seen: set[TaskState]) -> Iterator[TaskState]:
+    """Pop tasks off ``stack`` (which the caller may extend meanwhile), each task once."""
+    while stack:
+        ts = stack.pop()
+        if ts not in seen:
+            seen.add(ts)
+            yield ts
+
+
 class Progress:
     """Progress-watch methods and state of :class:`~shoal.core.scheduler.SchedulerState`."""
 
@@ -72,7 +91,6 @@ class Progress:
         if old is not None:
             old.closed = True
         watch = ProgressWatch(msg.watch_id, cs.id, self.progress_changed)
-        counts = watch.counts
         tasks = self.tasks
         stack = [ts for ts in map(tasks.get, msg.keys) if ts is not None]
         targets = watch.targets
@@ -80,32 +98,20 @@ class Progress:
         seen: set[TaskState] = set()
         below_finished: list[TaskState] = []
         # What is still needed: unfinished tasks, down to the finished ones, marked.
-        while stack:
-            ts = stack.pop()
-            if ts in seen:
-                continue
-            seen.add(ts)
-            c = counts.get(ts.prefix.name) or counts.setdefault(ts.prefix.name, [0, 0, 0])
-            c[0] += 1
+        for ts in _each_once(stack, seen):
+            row = watch.row(ts.prefix.name)
             state = ts.state
             if state in FINISHED:
-                c[1 if state == "memory" else 2] += 1
+                row[1 if state == "memory" else 2] += 1
                 below_finished.extend(ts.dependencies)
             else:
                 ts.watches = added(ts.watches, watch)
                 watch.left += 1
                 stack.extend(ts.dependencies)
         # What finished tasks needed is done, even if its results were released since.
-        stack = below_finished
-        while stack:
-            ts = stack.pop()
-            if ts in seen:
-                continue
-            seen.add(ts)
-            c = counts.get(ts.prefix.name) or counts.setdefault(ts.prefix.name, [0, 0, 0])
-            c[0] += 1
-            c[2 if ts.state == "erred" else 1] += 1
-            stack.extend(ts.dependencies)
+        for ts in _each_once(below_finished, seen):
+            watch.row(ts.prefix.name)[2 if ts.state == "erred" else 1] += 1
+            below_finished.extend(ts.dependencies)
         self.comm.send_client(cs.id, watch.message())
         if targets:
             cs.watches[watch.id] = watch

@@ -147,11 +147,11 @@ def test_silent_worker_is_removed_after_the_ttl_and_its_tasks_rescheduled():
 
 
 def test_ttl_and_interval_grow_with_the_cluster():
-    assert heartbeat_interval(1) == heartbeat_interval(50) == 0.5
-    assert heartbeat_interval(100) == 1.0 and heartbeat_interval(1000) == 10.0
+    assert heartbeat_interval(1) == heartbeat_interval(25) == 0.5
+    assert heartbeat_interval(100) == 2.0 and heartbeat_interval(1000) == 20.0
     sim = Sim({addr(i): 1 for i in range(400)})
     sim.s.worker_ttl = 2.0
-    assert sim.s.worker_ttl_now() == 16.0  # at least four heartbeats of 4 s
+    assert sim.s.worker_ttl_now() == 32.0  # at least four heartbeats of 8 s
 
 
 def test_heartbeat_records_memory():

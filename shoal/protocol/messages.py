@@ -450,7 +450,8 @@ class Ack(Message):
 
 class Heartbeat(Message):
     """Worker or client -> scheduler, every ``interval`` seconds: I am alive. A worker
-    adds its process memory, its spilled bytes and how many tasks it is running."""
+    adds its process memory, its spilled bytes and how many tasks it is running. Request
+    id 0: no reply wanted."""
 
     request_id: int
     memory: int = 0

@@ -20,17 +20,15 @@ async def keep_alive(
     """Send ``beat(request_id)`` every ``interval`` seconds (or as the replies say) until
     ``conn`` closes; abort it, with the reason, when a reply takes over ``timeout``.
 
-    Only one beat per ``timeout / 4`` seconds (or per ten beats, if sooner) asks for a
-    reply; the others carry request id 0, which the scheduler does not answer: an idle
-    scheduler's cost is its messages, and a reply is a write per beat. A silent
-    scheduler is still noticed within about 1.25 timeouts."""
+    Only one beat in every ``timeout / 4`` seconds asks for a reply; the others carry
+    request id 0, which the scheduler does not answer: an idle scheduler's cost is its
+    messages, and a reply is a write per beat. A silent scheduler is still noticed
+    within about 1.25 timeouts."""
     loop = asyncio.get_running_loop()
     asked = -math.inf
     while not conn.closed:
         now = loop.time()
-        # Asking at least every ten beats keeps the interval current: a worker that
-        # joined a small cluster beats fast until a reply says the cluster grew.
-        if now - asked < min(timeout / 4, 10 * interval):
+        if now - asked < timeout / 4:
             conn.send(beat(0))
         else:
             asked = now

@@ -450,8 +450,7 @@ class Ack(Message):
 
 class Heartbeat(Message):
     """Worker or client -> scheduler, every ``interval`` seconds: I am alive. A worker
-    adds its process memory, its spilled bytes and how many tasks it is running. Request
-    id 0: no reply wanted."""
+    adds its process memory, its spilled bytes and how many tasks it is running."""
 
     request_id: int
     memory: int = 0

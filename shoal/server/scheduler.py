@@ -225,9 +225,7 @@ class Scheduler:
                     if batch:
                         self._client_batch(client_id, batch)
                         batch = []
-                    reply = self._answer(msg)
-                    if reply is not None:
-                        conn.send(reply)
+                    conn.send(self._answer(msg))
                 else:
                     batch.append(msg)
             if batch:
@@ -249,10 +247,8 @@ class Scheduler:
 
     def _answer(
         self, msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat
-    ) -> m.Message | None:
+    ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
-            if not msg.request_id:  # 0: no answer wanted (see keep_alive)
-                return None
             return m.HeartbeatReply(msg.request_id, client_heartbeat_interval(len(self._clients)))
         if isinstance(msg, m.GroupsRequest):
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
@@ -329,8 +325,7 @@ class Scheduler:
         for msg in msgs:
             if type(msg) is m.Heartbeat:
                 interval = self.state.heartbeat(address, msg, now)
-                if msg.request_id:  # 0: no answer wanted (see keep_alive)
-                    conn.send(m.HeartbeatReply(msg.request_id, interval))
+                conn.send(m.HeartbeatReply(msg.request_id, interval))
             else:
                 rest.append(msg)
         return rest

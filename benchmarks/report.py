@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -445,3 +446,12 @@ def render(results, systems, command, settings) -> tuple[str, str]:
         "",
     ]
     return "\n".join(doc), "\n".join(tables)
+
+
+def write_report(out: str, doc: str, log: Callable[[str], None]) -> None:
+    """Write the markdown report to ``out`` ('' for none)."""
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(doc)
+        log(f"wrote {path}")

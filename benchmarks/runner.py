@@ -12,10 +12,9 @@ import shlex
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta
-from benchmarks.report import Result, Run, render
+from benchmarks.report import Result, Run, render, write_report
 from benchmarks.workloads import BY_NAME, WORKLOADS, ZERO_WORKLOADS, Workload
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS.md"
@@ -270,9 +269,5 @@ def main(argv=None) -> int:
     )
     doc, tables = render(results, systems, command, settings)
     print(tables)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(doc)
-        log(f"wrote {out}")
+    write_report(args.out, doc, log)
     return 1 if any(r.error for r in results) else 0

@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import psutil  # noqa: E402
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta  # noqa: E402
-from benchmarks.report import _table, fmt, machine_lines  # noqa: E402
+from benchmarks.report import _table, fmt, machine_lines, write_report  # noqa: E402
 from benchmarks.workloads import submit_incs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-worker-clients.md"
@@ -336,11 +336,7 @@ def main(argv=None) -> int:
     )
     doc, tables = render(results, args, command, settings)
     print(tables)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(doc)
-        log(f"wrote {out}")
+    write_report(args.out, doc, log)
     return 1 if any(r.error for r in results) else 0
 
 

@@ -207,11 +207,10 @@ class HTMLProgress:
         return self
 
     def _changed(self) -> None:
-        if not self.watch.finished:
+        if not self._done.is_set():  # the clock stops when the bars are complete
             self.elapsed = time.monotonic() - self.started
-        elif not self._done.is_set():
-            self.elapsed = time.monotonic() - self.started
-            self._done.set()
+            if self.watch.finished:
+                self._done.set()
         if self._handle is not None:
             self._handle.update(self)
 

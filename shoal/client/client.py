@@ -670,23 +670,30 @@ class Client(ClusterInfo):
                 lost_keys.update(ks)  # ask again: the scheduler will know more by then
                 await asyncio.sleep(0.05)
                 continue
-            got, missing, failed = res
+            got, missing, failed, unloadable = res
             values.update(got)
             lost_keys.update(missing)
+            errors: dict[Key, BaseException] = dict(unloadable)
             for key, reason in failed:
+                errors[key] = SerializationError(f"the result of {key!r}: {reason}")
+            for key, exc in errors.items():  # for good: asking again would fail again
+                if key in unloadable:
+                    exc.add_note(f"raised loading the result of {key!r} from {worker}")
                 for st in states:
                     if st.key == key:
-                        st.set_error(SerializationError(f"the result of {key!r}: {reason}"), "")
+                        st.set_error(exc, "")
         return [st for st in states if st.key in lost_keys and st.key not in values]
 
     async def _get_from_worker(
         self, address: str, keys: list[Key]
-    ) -> tuple[dict[Key, Any], list[Key], list[tuple[Key, str]]]:
+    ) -> tuple[dict[Key, Any], list[Key], list[tuple[Key, str]], dict[Key, Exception]]:
+        """Values by key, keys the worker does not hold, keys it cannot pickle (why),
+        and keys whose value cannot be unpickled here (the exception)."""
         conn = await self._worker_conns.get(address)
         reply, buffers = await conn.request(lambda rid: m.GetData(rid, keys))
         assert isinstance(reply, m.DataReply)
-        got = loads_values(reply.keys, reply.payloads, buffers)
-        return got, list(reply.missing), list(reply.failed)
+        got, unloadable = loads_values(reply.keys, reply.payloads, buffers)
+        return got, list(reply.missing), list(reply.failed), unloadable
 
     # ---------------------------------------------------------------- scatter
 
@@ -704,6 +711,8 @@ class Client(ClusterInfo):
     ) -> Any:
         if isinstance(data, dict):
             items = list(data.items())
+            for key, _ in items:
+                check_key(key)
         else:
             seq = data if isinstance(data, list | tuple | set | frozenset) else [data]
             items = []

@@ -38,14 +38,24 @@ class ExecuteFailure(WorkerEvent):
     stimulus_id: str
 
 
+class TransferError(msgspec.Struct, frozen=True):
+    """Why the data of a key cannot be had from a peer, for good: the peer cannot
+    pickle it, we cannot unpickle it, or it is larger than our memory limit."""
+
+    reason: str
+    exception: Payload  # what the task erred with (the original one, if unpickling raised)
+
+
 class GatherSuccess(WorkerEvent):
-    """A GatherDep ended; asked keys absent from ``data`` count as missing."""
+    """A GatherDep ended; asked keys absent from ``data`` and ``failed`` count as
+    missing. Nothing in ``failed`` is data: no stand-in is ever stored or reported."""
 
     worker: str
     data: dict[Key, Any]
     nbytes: dict[Key, int]
     missing: list[Key]
     stimulus_id: str
+    failed: dict[Key, TransferError] = {}
 
 
 class GatherFailure(WorkerEvent):

@@ -43,6 +43,7 @@ import heapq
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
+from shoal.core.errors import error_payload
 from shoal.core.story import InvalidTransition, StoryLog
 from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events are part of the API)
     Event,
@@ -58,6 +59,7 @@ from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events a
     ResumeThread,
     Secede,
     SendMessage,
+    TransferError,
     Unpause,
     UnserializableData,
     UpdateDataEvent,
@@ -153,8 +155,10 @@ class WorkerState:
         transfer_bytes_limit: int = 50_000_000,
         resources: Mapping[str, float] | None = None,
         data: MutableMapping[Key, Any] | None = None,
+        memory_limit: int = 0,
     ):
         self.nthreads = nthreads
+        self.memory_limit = memory_limit  # bytes; 0: none. A larger dependency is refused
         self.address = address
         self.validate = validate
         self.transfer_limit = transfer_limit  # GatherDeps in flight at once
@@ -180,6 +184,7 @@ class WorkerState:
         self._data_needed: dict[str, dict[WTask, None]] = {}  # peer -> its tasks in fetch
         self._has_what: dict[str, dict[WTask, None]] = {}  # peer -> tasks naming it
         self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
+        self._in_flight_bytes: dict[str, int] = {}  # peer -> bytes its GatherDep asked for
         self._to_release: list[WTask] = []  # tasks that may have lost their last reason
         self._unvalidated = 0  # events and instructions since the last full check
 
@@ -201,6 +206,12 @@ class WorkerState:
     @property
     def ready_count(self) -> int:
         return self._n_ready
+
+    @property
+    def incoming_bytes(self) -> int:
+        """Bytes of dependencies asked of peers and not yet arrived (by their sizes as
+        the scheduler knows them): memory this worker is about to use."""
+        return sum(self._in_flight_bytes.values())
 
     def handle(self, *events: Event) -> list[Instruction]:
         """Apply a batch of events; return what the server must do, in order."""
@@ -295,6 +306,10 @@ class WorkerState:
         self._transition_released_memory(ts, sid)
 
     def _transition_executing_error(self, ts: WTask, sid: str) -> None:
+        self._done(ts, "error")
+
+    def _transition_waiting_error(self, ts: WTask, sid: str) -> None:
+        """A dependency's data cannot be had (``_transfer_failed``)."""
         self._done(ts, "error")
 
     def _transition_executing_cancelled(self, ts: WTask, sid: str) -> None:
@@ -546,12 +561,19 @@ class WorkerState:
         keys: list[Key] = []
         nbytes: list[int] = []
         lost: list[WTask] = []
+        self._in_flight_bytes.pop(worker, None)
         for ts in self._in_flight.pop(worker, ()):
             if ts.coming_from != worker:
                 continue  # scattered or forgotten meanwhile
             key = ts.key
             self._log((key, "GatherSuccess", sid))
-            if key not in data:
+            failure = ev.failed.get(key) if ev.failed else None
+            if failure is not None:
+                if ts.state == "cancelled":
+                    self._forget_cancelled(ts, sid)
+                else:
+                    self._transfer_failed(ts, worker, failure, sid)
+            elif key not in data:
                 if worker in ts.who_has:
                     ts.who_has.discard(worker)
                     _unindex(self._has_what, worker, ts)
@@ -577,6 +599,7 @@ class WorkerState:
     def _handle_gather_failure(self, ev: GatherFailure) -> None:
         worker, sid = ev.worker, ev.stimulus_id
         lost: list[WTask] = []
+        self._in_flight_bytes.pop(worker, None)
         self._data_needed.pop(worker, None)
         for ts in self._has_what.pop(worker, ()):  # the peer is gone for every task
             ts.who_has.discard(worker)
@@ -603,6 +626,32 @@ class WorkerState:
         else:
             self._transition(ts, "released", sid)
             lost.append(ts)
+
+    def _transfer_failed(self, ts: WTask, holder: str, failure: TransferError, sid: str) -> None:
+        """The data of ``ts`` (in fetch or flight) cannot be had, for good. Nothing stands
+        in for it: the scheduler is told, and errs the key once; our tasks that needed it
+        err with the same exception, blamed on it. Asked to compute it meanwhile, we do."""
+        self._log((ts.key, "TransferError", failure.reason, sid))
+        if ts.resume is not None:
+            ev, ts.resume = ts.resume, None
+            self._transition(ts, "released", sid)
+            self._handle_compute(ev, sid)
+            return
+        msg = m.KeyUntransferable(ts.key, holder, failure.reason, failure.exception, sid)
+        self._out.append(SendMessage(msg, sid))
+        dependents = sorted(ts.dependents, key=_order)
+        ts.wanted = False  # a copy asked for (CopyKeys) that cannot be had
+        self._transition(ts, "released", sid)
+        for dependent in dependents:
+            if dependent.state != "waiting":
+                continue
+            self._transition(dependent, "error", sid)
+            if dependent.wanted:
+                err = m.TaskErred(
+                    dependent.key, failure.exception, "", stimulus_id=sid, blamed=ts.key
+                )
+                self._out.append(SendMessage(err, sid))
+        self._to_release.append(ts)
 
     def _lost(self, lost: list[WTask], sid: str) -> None:
         """No peer holds these (released) keys: give up their dependents."""
@@ -759,17 +808,36 @@ class WorkerState:
             if worker is None:
                 return
             batch: list[WTask] = []
+            too_big: list[WTask] = []
             total = 0
+            limit = self.memory_limit
             for ts in needed[worker]:
+                if limit and ts.nbytes > limit:
+                    too_big.append(ts)
+                    continue
                 if batch and total + ts.nbytes > self.transfer_bytes_limit:
                     break
                 batch.append(ts)
                 total += ts.nbytes
+            for ts in too_big:
+                self._refuse_too_big(ts, worker, sid)
+            if not batch:
+                continue
             in_flight[worker] = batch
+            self._in_flight_bytes[worker] = total
             for ts in batch:
                 ts.coming_from = worker
                 self._transition(ts, "flight", sid)
             self._out.append(GatherDep(worker, [ts.key for ts in batch], total, sid))
+
+    def _refuse_too_big(self, ts: WTask, holder: str, sid: str) -> None:
+        what = f"the data of {ts.key!r} ({ts.nbytes} bytes, on {holder})"
+        exc = MemoryError(
+            f"{what} is larger than the memory limit of worker {self.address} "
+            f"({self.memory_limit} bytes): it cannot be fetched there"
+        )
+        reason = f"{ts.nbytes} bytes, over the memory limit of {self.memory_limit} bytes"
+        self._transfer_failed(ts, holder, TransferError(reason, error_payload(exc)), sid)
 
     # --- invariants ---------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ def validate_worker_state(state: WorkerState) -> None:
     for w, needed in state._data_needed.items():
         _check(all(ts.state == "fetch" for ts in needed), f"data_needed[{w}]")
     _check(len(state._in_flight) <= state.transfer_limit, "too many transfers")
+    _check(state._in_flight_bytes.keys() == state._in_flight.keys(), "bytes in flight by peer")
     # (no upper bound on executions: the limit shrinks when tasks get slower)
     held = dict.fromkeys(state.total_resources, 0.0)
     for ts in running_tasks:  # a seceded task keeps what it holds

@@ -21,39 +21,73 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-PROTOCOL_VERSION = 4
+# 5: transfers that fail for good (KeyUntransferable, TaskErred.blamed); keys never NaN.
+PROTOCOL_VERSION = 5
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
 # tuples decode as tuples and every decoded key is hashable.
-_KeyAtom = None | bool | int | float | str
+_KeyAtom = int | float | str
 _KeyTuple3 = tuple[_KeyAtom, ...]
 _KeyTuple2 = tuple[_KeyAtom | _KeyTuple3, ...]
 _KeyTuple1 = tuple[_KeyAtom | _KeyTuple2, ...]
 Key = str | int | float | _KeyTuple1  # Dask's keys: str, int, float, or tuples of them
-_KEY_ATOMS = (type(None), bool, int, float, str)
 
 
 def check_key(key: object) -> None:
-    """Raise TypeError, naming the key, for one the wire cannot carry as a key."""
-    if type(key) in (str, int, float):
-        return
-    if type(key) is tuple and _tuple_key(key, 3):
-        return
-    raise TypeError(
-        f"invalid key {key!r}: a key is a str, int or float, or a tuple of those "
-        "(nested at most 3 deep)"
-    )
+    """Raise TypeError, naming the key, for one that cannot be a key: as Dask, a str,
+    int or float, or a tuple of those (nested at most 3 deep, as the wire carries
+    them); and, unlike Dask, never NaN, alone or inside a tuple: a key must equal
+    itself, or no lookup would ever find its task (it would hold a thread forever)."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise TypeError(f"invalid key {key!r}: {problem}")
 
 
-def _tuple_key(key: tuple, depth: int) -> bool:
+def key_problem(key: object) -> str | None:
+    """Why ``key`` cannot be a task key, or None when it can."""
+    t = type(key)
+    if t is str or t is int:
+        return None
+    if t is float:
+        return None if key == key else _NAN_KEY
+    if t is tuple:
+        return _tuple_key_problem(key, 3)  # type: ignore[arg-type]
+    return _KEY_TYPES
+
+
+_NAN_KEY = "NaN is not equal to itself, so no lookup could ever find the task"
+_KEY_TYPES = (
+    "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
+)
+
+
+def _tuple_key_problem(key: tuple, depth: int) -> str | None:
     for x in key:
-        if type(x) is tuple:
-            if depth == 1 or not _tuple_key(x, depth - 1):
-                return False
-        elif not isinstance(x, _KEY_ATOMS):
-            return False
-    return True
+        t = type(x)
+        if t is str or t is int:
+            continue
+        if t is float:
+            if x != x:
+                return _NAN_KEY
+        elif t is tuple:
+            if depth == 1:
+                return _KEY_TYPES
+            problem = _tuple_key_problem(x, depth - 1)
+            if problem is not None:
+                return problem
+        else:
+            return _KEY_TYPES
+    return None
+
+
+def _check_decoded_key(key: Key) -> None:
+    """Decoding refuses a key no lookup could find (a ValidationError: the connection
+    that sent it closes, naming the key). Cheap for the usual str key."""
+    if type(key) is not str:
+        problem = key_problem(key)
+        if problem is not None:
+            raise ValueError(f"invalid key {key!r}: {problem}")
 
 
 # An amount of a resource ("GPU": 1, "MEM": 10e9): decoding refuses negatives and NaN.
@@ -152,6 +186,9 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # task one byte (nil) instead of three.
     restrictions: TaskRestrictions | None = None
 
+    def __post_init__(self) -> None:
+        _check_decoded_key(self.key)
+
 
 class SubmitTasks(Message):
     tasks: list[TaskSpec]
@@ -190,6 +227,8 @@ class ScatterDone(Message):
 
     def __post_init__(self) -> None:
         _check_parallel(self, "nbytes", self.nbytes, "sizes")
+        for key in self.keys:
+            _check_decoded_key(key)
 
 
 class WhoHasRequest(Message):
@@ -391,6 +430,20 @@ class TaskErred(Message):
     start: float = 0.0
     stop: float = 0.0
     stimulus_id: str = ""
+    blamed: Key | None = None  # the dependency whose data could not be had, if that failed
+
+
+class KeyUntransferable(Message):
+    """Worker -> scheduler: the data of ``key`` could not be had from ``holder`` for a
+    reason that will not change (the holder cannot pickle it, this worker cannot
+    unpickle it, it is larger than this worker's memory limit). The scheduler errs the
+    key with ``exception``, once, instead of fetching or recomputing it again."""
+
+    key: Key
+    holder: str
+    reason: str
+    exception: Payload
+    stimulus_id: str = ""
 
 
 class AddKeys(Message):
@@ -555,6 +608,7 @@ AnyMessage = (
     | WorkerStatus
     | WorkerExited
     | KeyUnserializable
+    | KeyUntransferable
     | RetireWorkers
     | RetireReply
     | CopyKeys

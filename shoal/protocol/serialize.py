@@ -372,14 +372,20 @@ def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> An
 
 def loads_values(
     keys: list[Key], payloads: list[Payload], buffers: list[memoryview]
-) -> dict[Key, Any]:
-    """Values by key; ``buffers`` are the out-of-band buffers of all payloads, in order."""
+) -> tuple[dict[Key, Any], dict[Key, Exception]]:
+    """Values by key, and the exception of each value that could not be loaded (its
+    unpickling raised): one bad value does not sink the others. ``buffers`` are the
+    out-of-band buffers of all payloads, in order."""
     out: dict[Key, Any] = {}
+    errors: dict[Key, Exception] = {}
     cursor = 0
     for key, payload in zip(keys, payloads):
-        out[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
+        try:
+            out[key] = loads_value(payload, buffers[cursor : cursor + payload.nbuffers])
+        except Exception as e:
+            errors[key] = e
         cursor += payload.nbuffers
-    return out
+    return out, errors
 
 
 def dumps_inline(obj: Any) -> Payload | None:

@@ -42,6 +42,7 @@ from shoal.core.worker_state import (
     ResumeThread,
     Secede,
     SendMessage,
+    TransferError,
     Unpause,
     UnserializableData,
     UpdateDataEvent,
@@ -77,21 +78,6 @@ def current_task() -> tuple[Worker, Any] | None:
     """(worker, key) of the task this thread runs, if it runs one."""
     worker = getattr(_current, "worker", None)
     return None if worker is None else (worker, _current.key)
-
-
-class TransferFailed:
-    """Stands in for a dependency whose holder could not serialise it. A task that
-    uses it fails with the reason; reporting it missing instead would have the
-    scheduler recompute it, fail to send it again, and so on forever."""
-
-    __slots__ = ("key", "reason")
-
-    def __init__(self, key: Any, reason: str):
-        self.key = key
-        self.reason = reason
-
-    def __reduce__(self) -> Any:
-        return (TransferFailed, (self.key, self.reason))
 
 
 class Worker:
@@ -179,6 +165,7 @@ class Worker:
             validate=self.validate,
             resources=self.resources,
             data=self._spill,
+            memory_limit=self.memory_limit,
         )
         hello = m.Hello(
             m.PROTOCOL_VERSION,
@@ -399,16 +386,7 @@ class Worker:
     def _run_tasks(self) -> None:
         """A task thread: run one task after another, hand results to the loop."""
         assert self.state is not None
-        data = self.state.data
-
-        def resolve(key: Any) -> Any:
-            value = data[key]
-            if type(value) is TransferFailed:
-                raise SerializationError(
-                    f"dependency {key!r} could not be sent by the worker holding it: {value.reason}"
-                )
-            return value
-
+        resolve = self.state.data.__getitem__
         coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
         while True:
             item = self._queue.get()
@@ -496,21 +474,38 @@ class Worker:
                 lambda rid: m.GetData(rid, list(inst.keys)), timeout=GATHER_TIMEOUT
             )
             assert isinstance(reply, m.DataReply)
-            data = loads_values(reply.keys, reply.payloads, buffers)
-            for key, reason in reply.failed:
-                data[key] = TransferFailed(key, reason)
+            data, errors = loads_values(reply.keys, reply.payloads, buffers)
             event: Any = GatherSuccess(
                 worker=inst.worker,
                 data=data,
                 nbytes={key: sizeof(value) for key, value in data.items()},
                 missing=list(reply.missing),
                 stimulus_id=stimulus_id,
+                failed=self._transfer_errors(inst.worker, reply.failed, errors),
             )
         except (TimeoutError, OSError, CommClosedError, HandshakeError, AssertionError) as e:
             logger.info("could not gather %s from %s: %s", inst.keys, inst.worker, e)
             event = GatherFailure(worker=inst.worker, keys=list(inst.keys), stimulus_id=stimulus_id)
         if not self._closed.is_set():
             self._handle([event])
+
+    def _transfer_errors(
+        self, holder: str, unsendable: list[tuple[Any, str]], unloadable: dict[Any, Exception]
+    ) -> dict[Any, TransferError]:
+        """Keys whose data came not, and never will: the holder could not pickle them,
+        or we could not unpickle them (the original exception, with a note naming the
+        key and both workers, is what their tasks err with)."""
+        failed = {}
+        for key, reason in unsendable:
+            exc: Exception = SerializationError(
+                f"the result of {key!r} cannot be sent from {holder} to {self.address}: {reason}"
+            )
+            failed[key] = TransferError(f"{holder} cannot pickle it: {reason}", dumps_exception(exc))
+        for key, exc in unloadable.items():
+            exc.add_note(f"raised loading the result of {key!r} from {holder} on {self.address}")
+            reason = f"{self.address} cannot unpickle it: {type(exc).__name__}: {exc}"
+            failed[key] = TransferError(reason, dumps_exception(exc))
+        return failed
 
     def _accept_peer(self, conn: Connection) -> None:
         def handshake(conn: Connection, frame: Frame) -> None:
@@ -558,7 +553,12 @@ class Worker:
             self._report_unserializable(failed)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
-        data = loads_values(msg.keys, msg.payloads, buffers)
+        data, errors = loads_values(msg.keys, msg.payloads, buffers)
+        for key, exc in errors.items():  # the client's scatter fails with this reason
+            raise SerializationError(
+                f"scattered data {key!r} cannot be unpickled on worker {self.address}: "
+                f"{type(exc).__name__}: {exc}"
+            )
         nbytes = {key: sizeof(value) for key, value in data.items()}
         self._handle(
             [UpdateDataEvent(data=data, nbytes=nbytes, stimulus_id=f"update-data-{time.time()}")]

@@ -74,7 +74,7 @@ def test_scatter_to_an_unknown_worker_errs_the_key():
 
 def test_wanting_unknown_and_odd_keys():
     sim = Sim()
-    keys = [-(2**63), 2**63 - 1, ("", (), ((None,),)), "ghost"]
+    keys = [-(2**63), 2**63 - 1, ("", (), (("",),)), "ghost"]
     sim.want(*keys)
     cancelled = [m for m in sim.to_client() if isinstance(m, KeyCancelled)]
     assert len(cancelled) == len(keys)

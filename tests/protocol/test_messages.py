@@ -3,6 +3,7 @@ refused with ProtocolError."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import msgspec
@@ -132,6 +133,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         start=1.0,
         stop=1.5,
         stimulus_id="erred-1",
+        blamed=("dep", 0),
     ),
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
     m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1"),
@@ -153,6 +155,13 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     ),
     m.KeyUnserializable: m.KeyUnserializable(
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
+    ),
+    m.KeyUntransferable: m.KeyUntransferable(
+        key=("x", 2),
+        holder="tcp://127.0.0.1:4001",
+        reason="cannot unpickle it: ValueError: boom",
+        exception=PAYLOAD,
+        stimulus_id="s-18",
     ),
     m.RetireWorkers: m.RetireWorkers(
         request_id=13, workers=["0", "tcp://127.0.0.1:4001"], close=False
@@ -278,7 +287,7 @@ KEYS = [
     ("x",),
     (),
     ("x", 1, 2),
-    ("x", -1, 2.5, None, True, "s"),
+    ("x", -1, 2.5, "s"),
     ("outer", ("inner", 1)),
     ("a", ("b", ("c", 1))),
 ]
@@ -327,6 +336,9 @@ def test_keys_in_lists_and_nested_structs_keep_types():
         ["a", ["b", ["c", ["d", 1]]]],  # nested deeper than keys may be
         None,
         b"bytes",
+        ["a", None],  # Dask refuses None, bools and bytes inside tuple keys too
+        ["a", True],
+        ["a", ["b", False]],
     ],
     ids=repr,
 )
@@ -337,7 +349,22 @@ def test_invalid_key_is_refused(bad_key):
         m.check_key(tuple(bad_key) if isinstance(bad_key, list) else bad_key)
 
 
-@pytest.mark.parametrize("key", [1.5, 2, "s", ("x", 1.5, (2, ("y", None)))], ids=repr)
+@pytest.mark.parametrize(
+    "key", [math.nan, ("x", math.nan), ("x", 1, ("y", (math.nan,)))], ids=repr
+)
+def test_nan_keys_are_refused(key):
+    """NaN never equals itself: a task under such a key could never be found again (it
+    held a thread forever). Refused when building a task, and when decoding one."""
+    with pytest.raises(TypeError, match="NaN is not equal to itself"):
+        m.check_key(key)
+    raw = [["SubmitTasks", [[key, "f", [0, b"\x92\x90\x80", 0]]], [], {}, "s"]]
+    with pytest.raises(ProtocolError, match="NaN is not equal to itself"):
+        decode_raw(raw)
+    with pytest.raises(ProtocolError, match="NaN is not equal to itself"):
+        decode_raw([["ScatterDone", [key], [8], "tcp://w:1", "s"]])
+
+
+@pytest.mark.parametrize("key", [1.5, 2, "s", ("x", 1.5, (2, ("y", 3)))], ids=repr)
 def test_dask_keys_are_keys(key):
     m.check_key(key)
     [msg] = roundtrip([m.FreeKeys([key])])

@@ -492,22 +492,6 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
             recs.update(self._transition(ts, "released", msg.stimulus_id))
         self._transitions(recs, msg.stimulus_id)
 
-    def _key_untransferable(self, ws: WorkerRecord, msg: m.KeyUntransferable) -> None:
-        """``ws`` cannot have the data of a key from ``msg.holder`` for a reason that will
-        not change: the key errs once, with the exception the worker sent (its holders
-        are told to drop it, and the tasks that need it err, blamed on it). Only about
-        the copy the scheduler knows: a stale report (the holder has lost it since, or it
-        was recomputed elsewhere) changes nothing."""
-        ts = self.tasks.get(msg.key)
-        holder = self.workers.get(msg.holder)
-        if ts is None or ts.state != "memory" or holder is None or holder not in ts.who_has:
-            return
-        self.log.append((ts.key, "untransferable", ws.address, msg.holder, msg.stimulus_id))
-        ts.exception = msg.exception
-        ts.traceback = ""
-        ts.exception_blame = None
-        self._transitions(self._transition(ts, "erred", msg.stimulus_id), msg.stimulus_id)
-
     _worker_handlers: dict[type, Callable[..., None]] = {
         m.TaskFinished: _task_finished,
         m.TaskSeceded: _task_seceded,
@@ -516,7 +500,6 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         m.MissingData: _missing_data,
         m.WorkerStatus: Membership._worker_status,
         m.KeyUnserializable: Membership._key_unserializable,
-        m.KeyUntransferable: _key_untransferable,
     }
 
     # ------------------------------------------------------------------ helpers

@@ -220,12 +220,10 @@ class WorkerState:
         for ev in events:
             sid = ev.stimulus_id  # type: ignore[union-attr]
             self._HANDLERS[type(ev)](self, ev)
-            while self._to_release:
-                ts = self._to_release.pop()
-                if not ts.dependents and not ts.wanted:
-                    self._release(ts, sid)
+            self._release_pending(sid)
         if events:  # once per batch, so that the batch is ordered by priority
             self._ensure_communicating(sid)
+            self._release_pending(sid)  # what could not be fetched at all
             self._ensure_computing(sid)
         if self.validate:
             # As the scheduler's: every batch while small, amortised once there are many
@@ -235,6 +233,12 @@ class WorkerState:
                 self._unvalidated = 0
                 self.validate_state()
         return out
+
+    def _release_pending(self, sid: str) -> None:
+        while self._to_release:
+            ts = self._to_release.pop()
+            if not ts.dependents and not ts.wanted:
+                self._release(ts, sid)
 
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self._story.story(*keys)
@@ -628,17 +632,17 @@ class WorkerState:
             lost.append(ts)
 
     def _transfer_failed(self, ts: WTask, holder: str, failure: TransferError, sid: str) -> None:
-        """The data of ``ts`` (in fetch or flight) cannot be had, for good. Nothing stands
-        in for it: the scheduler is told, and errs the key once; our tasks that needed it
-        err with the same exception, blamed on it. Asked to compute it meanwhile, we do."""
+        """The data of ``ts`` (in fetch or flight) cannot be had here, for good. Nothing
+        stands in for it, and it is not reported missing (the scheduler would recompute
+        it, and it would fail to come again): the tasks here that need it err once, with
+        the exception, blamed on it. Asked to compute it meanwhile, we do. (A holder that
+        cannot pickle it tells the scheduler itself, which errs the key.)"""
         self._log((ts.key, "TransferError", failure.reason, sid))
         if ts.resume is not None:
             ev, ts.resume = ts.resume, None
             self._transition(ts, "released", sid)
             self._handle_compute(ev, sid)
             return
-        msg = m.KeyUntransferable(ts.key, holder, failure.reason, failure.exception, sid)
-        self._out.append(SendMessage(msg, sid))
         dependents = sorted(ts.dependents, key=_order)
         ts.wanted = False  # a copy asked for (CopyKeys) that cannot be had
         self._transition(ts, "released", sid)

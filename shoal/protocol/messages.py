@@ -21,7 +21,8 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-# 5: transfers that fail for good (KeyUntransferable, TaskErred.blamed); keys never NaN.
+# 5: a task erred because a dependency's data cannot be had names it (TaskErred.blamed);
+#    keys are never NaN, nor hold None or bools (as Dask).
 PROTOCOL_VERSION = 5
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -433,19 +434,6 @@ class TaskErred(Message):
     blamed: Key | None = None  # the dependency whose data could not be had, if that failed
 
 
-class KeyUntransferable(Message):
-    """Worker -> scheduler: the data of ``key`` could not be had from ``holder`` for a
-    reason that will not change (the holder cannot pickle it, this worker cannot
-    unpickle it, it is larger than this worker's memory limit). The scheduler errs the
-    key with ``exception``, once, instead of fetching or recomputing it again."""
-
-    key: Key
-    holder: str
-    reason: str
-    exception: Payload
-    stimulus_id: str = ""
-
-
 class AddKeys(Message):
     """The worker now holds these keys (fetched replicas or scattered data)."""
 
@@ -608,7 +596,6 @@ AnyMessage = (
     | WorkerStatus
     | WorkerExited
     | KeyUnserializable
-    | KeyUntransferable
     | RetireWorkers
     | RetireReply
     | CopyKeys

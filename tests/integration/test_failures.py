@@ -233,9 +233,10 @@ def test_unsendable_dependency_errs_its_dependent(inproc_cluster: LocalCluster) 
         out = client.submit(combine, lock, array)
         with pytest.raises(shoal.SerializationError) as info:
             out.result(timeout=30)
-        # Either the dependent ran with the stand-in ("could not be sent"), or the key
-        # erred first (its holder reports it cannot be pickled) and the dependent with it.
-        assert "could not be sent" in str(info.value) or "cannot be pickled" in str(info.value)
+        # Either the receiving worker erred the dependent ("cannot be sent from ... to"),
+        # or the key erred first (its holder reports it cannot be pickled) and the
+        # dependent with it.
+        assert "cannot be sent" in str(info.value) or "cannot be pickled" in str(info.value)
         assert "lock" in str(info.value)
         # the key itself errs: its value cannot leave the worker
         with pytest.raises(shoal.SerializationError, match="cannot be pickled"):

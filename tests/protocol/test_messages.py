@@ -156,13 +156,6 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.KeyUnserializable: m.KeyUnserializable(
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
     ),
-    m.KeyUntransferable: m.KeyUntransferable(
-        key=("x", 2),
-        holder="tcp://127.0.0.1:4001",
-        reason="cannot unpickle it: ValueError: boom",
-        exception=PAYLOAD,
-        stimulus_id="s-18",
-    ),
     m.RetireWorkers: m.RetireWorkers(
         request_id=13, workers=["0", "tcp://127.0.0.1:4001"], close=False
     ),

@@ -56,6 +56,13 @@ def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str
     return shared.setdefault(ids, ids)
 
 
+def _earlier_run(ts: TaskState, run_id: int) -> bool:
+    """The answer to an assignment of ``ts`` released since (a worker's result that
+    crossed the FreeKeys sent for it, which the worker then drops): not a copy, nor a
+    failure, of the current one."""
+    return run_id != 0 and run_id != ts.run_id
+
+
 def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     if type(func) is str:
         return (func,) if func else ()
@@ -426,6 +433,8 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)
+        if ts is not None and _earlier_run(ts, msg.run_id):
+            return
         if ts is None or ts.processing_on is not ws:
             self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
             return
@@ -454,6 +463,8 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
 
     def _task_erred(self, ws: WorkerRecord, msg: m.TaskErred) -> None:
         ts = self.tasks.get(msg.key)
+        if ts is not None and _earlier_run(ts, msg.run_id):
+            return
         if ts is None or ts.processing_on is not ws:
             self.comm.send_worker(ws.address, m.FreeKeys([msg.key], msg.stimulus_id))
             return
@@ -466,7 +477,13 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
 
     def _add_keys(self, ws: WorkerRecord, msg: m.AddKeys) -> None:
         for key, nbytes in zip(msg.keys, msg.nbytes):
-            self._stale_result(ws, self.tasks.get(key), key, nbytes, msg.stimulus_id)
+            ts = self.tasks.get(key)
+            if ts is not None and ts.processing_on is ws:
+                # Lost elsewhere and given to ``ws`` to compute while its copy was on the
+                # way here: the worker answers that ComputeTask with TaskFinished, and a
+                # FreeKeys now would reach it after, leaving a copy said to be there.
+                continue
+            self._stale_result(ws, ts, key, nbytes, msg.stimulus_id)
 
     def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
         """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
@@ -564,9 +581,12 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         assert ts.payload is not None
         r = ts.restrictions
         resources = r.resources if r is not None else NO_RESOURCES
+        ts.run_id = run_id = ts.run_id + 1
         self.comm.send_worker(
             ws.address,
-            m.ComputeTask(ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources),
+            m.ComputeTask(
+                ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources, run_id
+            ),
         )
 
     def _report_erred(

@@ -239,6 +239,7 @@ class TaskState:
         "exception",
         "traceback",
         "exception_blame",
+        "run_id",  # how many times it was sent to a worker: results name the assignment
         "type_name",
         "restrictions",
         "watches",
@@ -274,6 +275,7 @@ class TaskState:
         self.exception: Payload | None = None
         self.traceback = ""
         self.exception_blame: TaskState | None = None
+        self.run_id = 0
         self.type_name = ""
         self.restrictions: Restrictions | None = None  # shared; None: any worker will do
         self.watches: Members[ProgressWatch] = ()  # progress watches waiting for it

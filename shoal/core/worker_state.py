@@ -103,6 +103,7 @@ class WTask:
         "resume",  # a ComputeTask received while the key was in flight
         "ready_seq",  # identifies the task's live entry in the ready (or constrained) heap
         "resources",  # what it holds while executing; None: nothing
+        "run_id",  # the scheduler's assignment its result answers (ComputeTask.run_id)
     )
 
     def __init__(self, key: Key):
@@ -123,6 +124,7 @@ class WTask:
         self.resume: ComputeTask | None = None
         self.ready_seq = -1
         self.resources: dict[str, float] | None = None
+        self.run_id = 0
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -428,10 +430,17 @@ class WorkerState:
         ts = self.tasks.get(key)
         if ts is not None and ts.state not in ("released", "fetch", "error"):
             ts.wanted = True
+            ts.run_id = ev.run_id  # what runs or is held answers this assignment now
             st = ts.state
             if st == "memory":
                 msg = m.TaskFinished(
-                    key, ts.nbytes, ts.start, ts.stop, type_name=ts.type_name, stimulus_id=sid
+                    key,
+                    ts.nbytes,
+                    ts.start,
+                    ts.stop,
+                    type_name=ts.type_name,
+                    stimulus_id=sid,
+                    run_id=ev.run_id,
                 )
                 self._out.append(SendMessage(msg, sid))
             elif st == "flight" or ts.previous == "flight":
@@ -455,6 +464,7 @@ class WorkerState:
         elif ts.state != "released":
             self._transition(ts, "released", sid)
         ts.run_spec = (ev.func, ev.payload)
+        ts.run_id = ev.run_id
         ts.priority = ev.priority
         ts.resources = ev.resources or None
         ts.wanted = True
@@ -546,7 +556,14 @@ class WorkerState:
             self._transition(ts, "memory", ev.stimulus_id)
             if ts.wanted:
                 msg = m.TaskFinished(
-                    ev.key, ev.nbytes, ev.start, ev.stop, ev.inline, ev.type_name, ev.stimulus_id
+                    ev.key,
+                    ev.nbytes,
+                    ev.start,
+                    ev.stop,
+                    ev.inline,
+                    ev.type_name,
+                    ev.stimulus_id,
+                    ts.run_id,
                 )
                 self._out.append(SendMessage(msg, ev.stimulus_id))
 
@@ -556,7 +573,13 @@ class WorkerState:
             self._transition(ts, "error", ev.stimulus_id)
             if ts.wanted:
                 msg = m.TaskErred(
-                    ev.key, ev.exception, ev.traceback, ev.start, ev.stop, ev.stimulus_id
+                    ev.key,
+                    ev.exception,
+                    ev.traceback,
+                    ev.start,
+                    ev.stop,
+                    ev.stimulus_id,
+                    run_id=ts.run_id,
                 )
                 self._out.append(SendMessage(msg, ev.stimulus_id))
 
@@ -591,7 +614,7 @@ class WorkerState:
                 ts.wanted = True  # the scheduler learns of it below
                 self._transition(ts, "memory", sid)
                 if resume is not None:  # it was asked to compute it: report it done
-                    msg = m.TaskFinished(key, nb, 0.0, 0.0, stimulus_id=sid)
+                    msg = m.TaskFinished(key, nb, 0.0, 0.0, stimulus_id=sid, run_id=resume.run_id)
                     self._out.append(SendMessage(msg, sid))
                 else:
                     keys.append(key)
@@ -652,7 +675,12 @@ class WorkerState:
             self._transition(dependent, "error", sid)
             if dependent.wanted:
                 err = m.TaskErred(
-                    dependent.key, failure.exception, "", stimulus_id=sid, blamed=ts.key
+                    dependent.key,
+                    failure.exception,
+                    "",
+                    stimulus_id=sid,
+                    blamed=ts.key,
+                    run_id=dependent.run_id,
                 )
                 self._out.append(SendMessage(err, sid))
         self._to_release.append(ts)
@@ -704,7 +732,9 @@ class WorkerState:
             if ts.state != "memory":
                 self._transition(ts, "memory", ev.stimulus_id)
             if assigned:  # its own result will be dropped: report this one (untimed)
-                msg = m.TaskFinished(key, ts.nbytes, 0.0, 0.0, stimulus_id=ev.stimulus_id)
+                msg = m.TaskFinished(
+                    key, ts.nbytes, 0.0, 0.0, stimulus_id=ev.stimulus_id, run_id=ts.run_id
+                )
                 self._out.append(SendMessage(msg, ev.stimulus_id))
 
     def _handle_secede(self, ev: Secede) -> None:

@@ -22,7 +22,7 @@ import msgspec
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
 # 5: a task erred because a dependency's data cannot be had names it (TaskErred.blamed);
-#    keys are never NaN, nor hold None or bools (as Dask).
+#    keys are never NaN, nor hold None or bools (as Dask); results carry their run_id.
 PROTOCOL_VERSION = 5
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -396,6 +396,10 @@ class ComputeTask(Message):
     deps: list[DepInfo] = []
     stimulus_id: str = ""
     resources: dict[str, Amount] = {}  # what the task holds while it runs here
+    # Which assignment of the key this is (1, 2, ... per task). The worker's answer
+    # carries it, so that the scheduler can tell an answer to an earlier assignment,
+    # released since, from the current one.
+    run_id: int = 0
 
 
 class FreeKeys(Message):
@@ -414,6 +418,7 @@ class TaskFinished(Message):
     value: Payload | None = None
     type_name: str = ""
     stimulus_id: str = ""
+    run_id: int = 0  # the ComputeTask's; 0: not said (the scheduler then cannot tell)
 
 
 class TaskSeceded(Message):
@@ -432,6 +437,7 @@ class TaskErred(Message):
     stop: float = 0.0
     stimulus_id: str = ""
     blamed: Key | None = None  # the dependency whose data could not be had, if that failed
+    run_id: int = 0  # the ComputeTask's
 
 
 class AddKeys(Message):

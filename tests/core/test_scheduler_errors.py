@@ -148,7 +148,7 @@ def test_retries_rerun_then_err():
     # the task goes back through the queue, to the least loaded worker (ties: address)
     assert sim.to_worker(W1) == [
         FreeKeys(["a"], "f1"),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1"),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1", run_id=2),
     ]
     assert sim.state("a") == "processing" and sim.ts("a").retries == 1
     assert sim.state("b") == "waiting" and sim.to_client() == []

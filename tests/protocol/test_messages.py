@@ -114,6 +114,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         deps=[m.DepInfo(key=("inc", 0), nbytes=28, who_has=["tcp://w:2"])],
         stimulus_id="compute-1",
         resources={"GPU": 0.5},
+        run_id=3,
     ),
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
     m.TaskFinished: m.TaskFinished(
@@ -124,6 +125,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         value=SMALL,
         type_name="int",
         stimulus_id="finished-1",
+        run_id=3,
     ),
     m.TaskSeceded: m.TaskSeceded(key=("parent", 1), stimulus_id="secede-1"),
     m.TaskErred: m.TaskErred(
@@ -134,6 +136,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         stop=1.5,
         stimulus_id="erred-1",
         blamed=("dep", 0),
+        run_id=2,
     ),
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
     m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1"),

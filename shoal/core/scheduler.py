@@ -86,6 +86,9 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
         self._generation = itertools.count()
+        # True while a CancelKeys(force=True) is applied: the processing tasks it
+        # releases are interrupted on their workers.
+        self._interrupting = False
         self.transition_counter = 0
         self.task_counts = dict.fromkeys(TASK_STATES, 0)  # per state, kept by the tasks
         # The summary's version: a change of workers or a batch with transitions bumps it.
@@ -365,7 +368,8 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._transitions(recs, stimulus_id)
 
     def _cancel_keys(self, cs: ClientRecord, msg: m.CancelKeys) -> None:
-        # Cancelling a key cancels, for this client, everything built on it.
+        # Cancelling a key cancels, for this client, everything built on it. With
+        # ``force``, what it releases while it runs is interrupted on its worker.
         seen: set[TaskState] = set()
         stack = [self.tasks[k] for k in msg.keys if k in self.tasks]
         while stack:
@@ -377,7 +381,11 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         cancelled = [ts for ts in seen if cs in ts.who_wants]
         for ts in cancelled:
             self.comm.send_client(cs.id, m.KeyCancelled(ts.key, "cancelled", msg.stimulus_id))
-        self._release_wants(cs, cancelled, msg.stimulus_id)
+        self._interrupting = msg.force
+        try:
+            self._release_wants(cs, cancelled, msg.stimulus_id)
+        finally:
+            self._interrupting = False
 
     def _scatter_done(self, cs: ClientRecord, msg: m.ScatterDone) -> None:
         ws = self.workers.get(msg.worker)
@@ -459,7 +467,8 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
             return
         if ts.retries > 0:
             ts.retries -= 1
-            recs = self._transition(ts, "released", msg.stimulus_id)
+            # its thread has ended: nothing to drain
+            recs = self._transition(ts, "released", msg.stimulus_id, drain=False)
         else:
             recs = self._transition(ts, "erred", msg.stimulus_id, msg=msg)
         self._transitions(recs, msg.stimulus_id)
@@ -488,9 +497,14 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         for dts in lost:
             recs.update(self._transition(dts, "released", msg.stimulus_id))
         ts = self.tasks.get(msg.key)
-        if ts is not None and ts.processing_on is ws:
-            recs.update(self._transition(ts, "released", msg.stimulus_id))
+        if ts is not None and ts.processing_on is ws:  # the worker never started it
+            recs.update(self._transition(ts, "released", msg.stimulus_id, drain=False))
         self._transitions(recs, msg.stimulus_id)
+
+    def _compute_released(self, ws: WorkerRecord, msg: m.ComputeReleased) -> None:
+        """A thread that ran a task released while it processed here is free."""
+        if self._drained(ws, msg.key):
+            self.log.append((msg.key, "drained", ws.address, msg.stimulus_id))
 
     _worker_handlers: dict[type, Callable[..., None]] = {
         m.TaskFinished: _task_finished,
@@ -498,6 +512,7 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         m.TaskErred: _task_erred,
         m.AddKeys: _add_keys,
         m.MissingData: _missing_data,
+        m.ComputeReleased: _compute_released,
         m.WorkerStatus: Membership._worker_status,
         m.KeyUnserializable: Membership._key_unserializable,
     }
@@ -691,10 +706,28 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._dequeue(ts)
         return self._transition_waiting_released(ts, stimulus_id)
 
-    def _transition_processing_released(self, ts: TaskState, stimulus_id: str) -> Recs:
-        ws = self._remove_processing(ts)
-        if ws is not None:
-            self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+    def _release_compute(self, ts: TaskState, stimulus_id: str, drain: bool = True) -> None:
+        """``ts`` stops processing. If it was on a worker (not gone), that worker is
+        told to drop it; unless the task had seceded (it holds no slot) or the worker
+        said its thread is over (``drain=False``), the thread counts busy until the
+        worker answers ComputeReleased."""
+        ws = ts.processing_on
+        if ws is None:
+            return
+        drain = drain and ts not in ws.long_running
+        self._remove_processing(ts)
+        if drain:
+            self._drain(ws, ts.key)
+        if drain or self._interrupting:
+            msg: m.Message = m.ReleaseCompute(ts.key, drain, self._interrupting, stimulus_id)
+        else:  # no answer wanted, nothing to interrupt: as any key it should drop
+            msg = m.FreeKeys([ts.key], stimulus_id)
+        self.comm.send_worker(ws.address, msg)
+
+    def _transition_processing_released(
+        self, ts: TaskState, stimulus_id: str, drain: bool = True
+    ) -> Recs:
+        self._release_compute(ts, stimulus_id, drain)
         ts.state = "released"
         recs: Recs = {}
         if not self._needed(ts):
@@ -770,11 +803,10 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
     def _transition_processing_erred(
         self, ts: TaskState, stimulus_id: str, msg: m.TaskErred | None = None
     ) -> Recs:
-        ws = self._remove_processing(ts)
         if msg is None:  # a dependency failed while this ran: the blame is already set
-            if ws is not None:
-                self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+            self._release_compute(ts, stimulus_id)
         else:
+            self._remove_processing(ts)
             ts.exception = msg.exception
             ts.traceback = msg.traceback
             ts.exception_blame = None

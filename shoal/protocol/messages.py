@@ -21,7 +21,10 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-PROTOCOL_VERSION = 4
+# 5: (taken by the lifecycle branch: WorkerLeaving)
+# 6: ReleaseCompute / ComputeReleased (a released task's thread counts busy until it
+#    ends) and CancelKeys.force (interrupt running tasks).
+PROTOCOL_VERSION = 6
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -171,6 +174,9 @@ class ReleaseKeys(Message):
 class CancelKeys(Message):
     keys: list[Key]
     stimulus_id: str = ""
+    # Interrupt the tasks this cancel releases while they run (an exception raised in
+    # their threads; the worker is restarted if one does not stop within a grace period).
+    force: bool = False
 
 
 class WantKeys(Message):
@@ -363,6 +369,21 @@ class FreeKeys(Message):
     stimulus_id: str = ""
 
 
+class ReleaseCompute(Message):
+    """Scheduler -> worker: ``key`` is no longer to be computed here (it was processing
+    here and was released: cancelled, or no longer needed). The worker drops it as for
+    FreeKeys. With ``drain``, the scheduler counts one of this worker's threads busy
+    until the worker answers :class:`ComputeReleased` for it, exactly once: at once if
+    no thread counted here runs the task, else when that thread ends or secedes, or when
+    a ComputeTask for the key takes the running execution over again. With
+    ``interrupt``, a thread still running the task is interrupted (``force=True``)."""
+
+    key: Key
+    drain: bool = True
+    interrupt: bool = False
+    stimulus_id: str = ""
+
+
 # --- worker -> scheduler ---------------------------------------------------------
 
 
@@ -379,6 +400,14 @@ class TaskFinished(Message):
 class TaskSeceded(Message):
     """The task runs on but waits on other tasks (it seceded): the scheduler stops
     counting it against the worker's threads, so that the tasks it waits on can run."""
+
+    key: Key
+    stimulus_id: str = ""
+
+
+class ComputeReleased(Message):
+    """Worker -> scheduler: the answer to a ReleaseCompute with ``drain``: that execution
+    of ``key`` holds none of this worker's threads any more."""
 
     key: Key
     stimulus_id: str = ""
@@ -541,6 +570,8 @@ AnyMessage = (
     | FunctionDefs
     | ComputeTask
     | FreeKeys
+    | ReleaseCompute
+    | ComputeReleased
     | TaskFinished
     | TaskSeceded
     | TaskErred

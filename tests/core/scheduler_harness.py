@@ -16,12 +16,14 @@ from shoal.core.scheduler_model import TaskState, WorkerRecord
 from shoal.protocol.messages import (
     AddKeys,
     CancelKeys,
+    ComputeReleased,
     ComputeTask,
     FreeKeys,
     Key,
     Message,
     MissingData,
     Payload,
+    ReleaseCompute,
     ReleaseKeys,
     ScatterDone,
     SubmitTasks,
@@ -206,7 +208,19 @@ class Sim:
         return [msg.key for msg in self.to_worker(address) if isinstance(msg, ComputeTask)]
 
     def freed(self, address: str) -> list[Key]:
-        return [k for msg in self.to_worker(address) if isinstance(msg, FreeKeys) for k in msg.keys]
+        """Keys ``address`` was told to drop (FreeKeys, or ReleaseCompute of a task it
+        was processing) since the last take, in order."""
+        out: list[Key] = []
+        for msg in self.to_worker(address):
+            if isinstance(msg, FreeKeys):
+                out.extend(msg.keys)
+            elif isinstance(msg, ReleaseCompute):
+                out.append(msg.key)
+        return out
+
+    def drained(self, address: str, *keys: Key, sid: str = "drained") -> None:
+        """``address`` answers that its threads no longer run these released keys."""
+        self.s.handle_worker(address, *(ComputeReleased(k, sid) for k in keys))
 
     def clear(self) -> None:
         self.comm.clear()

@@ -500,6 +500,7 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         m.MissingData: _missing_data,
         m.WorkerStatus: Membership._worker_status,
         m.KeyUnserializable: Membership._key_unserializable,
+        m.WorkerLeaving: Membership._worker_leaving,
     }
 
     # ------------------------------------------------------------------ helpers

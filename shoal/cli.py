@@ -389,12 +389,20 @@ def worker(
         current: list[Worker] = []
         stopping = asyncio.Event()
 
-        def stop() -> None:
+        def stop() -> None:  # SIGINT, or our nanny is gone: close now
             stopping.set()
             for w in current:
                 asyncio.ensure_future(w.close("stopped"))
 
-        _stop_on_signals(stop)
+        def terminate() -> None:  # SIGTERM: leave gracefully (under a nanny: to restart)
+            if not current:
+                stop()
+            for w in current:
+                w.on_sigterm()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop)
+        loop.add_signal_handler(signal.SIGTERM, terminate)
         watching = None  # a reference, so the task is not collected while it runs
         if watch_pid:  # our nanny: never outlive it
             watching = asyncio.ensure_future(_watch_pid(watch_pid, stop, interval=0.2))

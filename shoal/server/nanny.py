@@ -15,9 +15,13 @@
   started again at once under the same name, reported (``WorkerExited``, restarting,
   with the reason it wrote to its restart file), and not counted as a crash.
 - A normal exit (the worker lost its scheduler, or was told to close) ends the nanny too.
-- Past ``terminate * memory_limit`` of process memory the worker gets SIGTERM, then
-  SIGKILL after ``kill_grace`` seconds if it is still there; then it is restarted.
-- SIGTERM or SIGINT to the nanny is forwarded to the worker; the nanny then exits.
+- Past ``terminate * memory_limit`` of process memory the worker gets SIGINT (close
+  at once: a worker short of memory hands nothing off, and its tasks count it as a
+  death), then SIGKILL after ``kill_grace`` seconds if it is still there; then it is
+  restarted.
+- SIGTERM or SIGINT to the nanny ends both: the worker gets SIGINT, and SIGKILL if it
+  is still there after ``stop_grace`` seconds (its running tasks' threads may take
+  that long); the nanny then exits.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ logger = logging.getLogger("shoal.nanny")
 
 POLL_INTERVAL = 0.1  # seconds between looks at the worker's exit and memory
 STOP_GRACE = 8.0  # a worker told to stop may finish its running tasks' threads (5 s)
-STOP_SIGNAL = signal.SIGTERM
+STOP_SIGNAL = signal.SIGINT  # to the worker: close at once (SIGTERM would hand off first)
 
 
 def describe_exit(code: int) -> str:
@@ -225,7 +229,8 @@ class Nanny:
                 killing = asyncio.ensure_future(self._kill(proc, self.kill_grace))
 
     async def _kill(self, proc: asyncio.subprocess.Process, grace: float) -> None:
-        """SIGTERM, then SIGKILL if the worker is still there after ``grace`` seconds."""
+        """SIGINT (close at once), then SIGKILL if the worker is still there after
+        ``grace`` seconds."""
         if proc.returncode is not None:
             return
         name = STOP_SIGNAL.name

@@ -277,6 +277,13 @@ class Worker:
                 logger.warning("the scheduler did not let %s go within %gs", self.address, wait)
         await self.close(f"left: {reason}")
 
+    def on_sigterm(self) -> None:
+        """SIGTERM (preemption, a resilience test): leave gracefully, handing off the
+        results only this worker holds; under a nanny, to be restarted afresh."""
+        if not self._closed.is_set():
+            self._spawn(self.leave("received SIGTERM", retire=True, restart=self.under_nanny))
+            # (close() cancels the other background tasks, never the one it runs in)
+
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
             logger.info("lost the scheduler (%s); closing", conn.close_reason)

@@ -19,6 +19,7 @@ from shoal.core.membership import (
     DEFAULT_SCHEDULER_TIMEOUT,
     DEFAULT_WORKER_TTL,
 )
+from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
 if TYPE_CHECKING:
@@ -255,6 +256,11 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option("--local-directory", default=None, help="For spill files (default: temp dir).")
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
 @click.option("--address-file", hidden=True, help="Write the worker's address here (nanny).")
+@click.option(
+    "--restart-file",
+    hidden=True,
+    help="Under a nanny: exiting to be restarted, write why here (and exit with EXIT_RESTART).",
+)
 @click.option("--zero", is_flag=True, help="Report every task done at once (benchmarks).")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option(
@@ -296,6 +302,7 @@ def worker(
     local_directory: str | None,
     watch_pid: int | None,
     address_file: str | None,
+    restart_file: str | None,
     zero: bool,
     validate: bool,
     resources: str,
@@ -372,18 +379,30 @@ def worker(
             security=security,
             memory_fractions=fractions,
             local_directory=local_directory,
+            under_nanny=restart_file is not None,
         )
 
+    exit_code = 0
+
     async def serve() -> None:
+        nonlocal exit_code
         current: list[Worker] = []
         stopping = asyncio.Event()
 
-        def stop() -> None:
+        def stop() -> None:  # SIGINT, or our nanny is gone: close now
             stopping.set()
             for w in current:
                 asyncio.ensure_future(w.close("stopped"))
 
-        _stop_on_signals(stop)
+        def terminate() -> None:  # SIGTERM: leave gracefully (under a nanny: to restart)
+            if not current:
+                stop()
+            for w in current:
+                w.on_sigterm()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop)
+        loop.add_signal_handler(signal.SIGTERM, terminate)
         watching = None  # a reference, so the task is not collected while it runs
         if watch_pid:  # our nanny: never outlive it
             watching = asyncio.ensure_future(_watch_pid(watch_pid, stop, interval=0.2))
@@ -399,12 +418,18 @@ def worker(
                 _write_atomically(address_file, w.address)
             log.info("shoal worker at %s", w.address)
             await w.finished()
-            if not (reconnect and w.close_reason.startswith("lost the scheduler")):
+            if w.restart and restart_file:
+                _write_atomically(restart_file, w.leaving or w.close_reason)
+                exit_code = EXIT_RESTART
+                return
+            if w.leaving or not (reconnect and w.close_reason.startswith("lost the scheduler")):
                 return
             log.warning("%s; joining it again when it is back", w.close_reason)
         del watching
 
     run(serve())
+    if exit_code:
+        raise SystemExit(exit_code)
 
 
 async def _start_worker(

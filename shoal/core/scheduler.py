@@ -515,6 +515,7 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         m.ComputeReleased: _compute_released,
         m.WorkerStatus: Membership._worker_status,
         m.KeyUnserializable: Membership._key_unserializable,
+        m.WorkerLeaving: Membership._worker_leaving,
     }
 
     # ------------------------------------------------------------------ helpers

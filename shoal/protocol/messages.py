@@ -21,7 +21,7 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-# 5: (taken by the lifecycle branch: WorkerLeaving)
+# 5: WorkerLeaving (a worker asks to be retired or removed: SIGTERM, a restart).
 # 6: ReleaseCompute / ComputeReleased (a released task's thread counts busy until it
 #    ends) and CancelKeys.force (interrupt running tasks).
 PROTOCOL_VERSION = 6
@@ -513,6 +513,17 @@ class WorkerExited(Message):
     stimulus_id: str = ""
 
 
+class WorkerLeaving(Message):
+    """Worker -> scheduler: this worker is going away on its own (SIGTERM, a restart it
+    wants). ``retire``: copy the results only it holds to other workers first; else
+    remove it at once. Either way its running tasks go elsewhere, nothing counts as a
+    failure, and the scheduler answers ``CloseWorker`` once it is done with it."""
+
+    reason: str
+    retire: bool = True
+    stimulus_id: str = ""
+
+
 class KeyUnserializable(Message):
     """Worker -> scheduler: the result of ``key`` could not be pickled (to send it or to
     spill it). The scheduler errs the task with ``reason``; the worker has dropped it."""
@@ -585,6 +596,7 @@ AnyMessage = (
     | HeartbeatReply
     | WorkerStatus
     | WorkerExited
+    | WorkerLeaving
     | KeyUnserializable
     | RetireWorkers
     | RetireReply

@@ -67,6 +67,9 @@ from shoal.server.spill import SpillBuffer
 logger = logging.getLogger("shoal.worker")
 
 GATHER_TIMEOUT = 60.0
+# How long a leaving worker waits for the scheduler to let it go (its results copied
+# off) before it closes anyway: what is not copied by then is recomputed.
+LEAVE_TIMEOUT = 30.0
 
 # The task a thread runs: ``worker`` and ``key`` while it runs one, and ``seceded`` once
 # it has left the thread count (it then ends with its task; another thread took its slot).
@@ -111,6 +114,7 @@ class Worker:
         security: Security | None = None,
         memory_fractions: MemoryFractions | None = None,
         local_directory: str | None = None,
+        under_nanny: bool = False,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -127,6 +131,9 @@ class Worker:
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
         self.scheduler_timeout = scheduler_timeout
         self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
+        self.under_nanny = under_nanny  # a nanny starts a new process if it exits to restart
+        self.leaving = ""  # why it told the scheduler it leaves (WorkerLeaving), if it did
+        self.restart = False  # the process should exit with EXIT_RESTART (its nanny restarts it)
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
         # Spill files go here; removed on close (and by the nanny, should we die).
@@ -154,6 +161,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self._close_done = asyncio.Event()  # close() has finished (threads joined, files gone)
         self._stimulus = itertools.count(1)
 
     # ---------------------------------------------------------------- lifecycle
@@ -230,15 +238,51 @@ class Worker:
             self.scheduler.close()
         self._peers.close()
         for task in list(self._background):
-            task.cancel()
+            if task is not asyncio.current_task():  # close itself may run in one
+                task.cancel()
         for t in threads:
             await asyncio.to_thread(t.join, 5)
         if self._spill is not None:
             self._spill.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)
+        self._close_done.set()
 
     async def finished(self) -> None:
+        """Wait until the worker is closed, and done closing."""
         await self._closed.wait()
+        await self._close_done.wait()
+
+    async def leave(
+        self, reason: str, retire: bool = True, restart: bool = False, timeout: float | None = None
+    ) -> None:
+        """Go away on purpose: tell the scheduler (``WorkerLeaving``), which moves the
+        running tasks elsewhere and, with ``retire``, copies the results only this
+        worker holds to others; it then answers ``CloseWorker`` and this worker closes
+        (or closes anyway after ``timeout``, LEAVE_TIMEOUT by default). Nothing counts
+        as a failure. ``restart``: the process then exits with ``EXIT_RESTART``, for
+        its nanny to start a fresh one under the same name (see ``under_nanny``)."""
+        self.restart = self.restart or restart
+        if self._closed.is_set() or self.leaving:
+            return
+        self.leaving = reason
+        conn = self.scheduler
+        if conn is not None and not conn.closed:
+            logger.info("worker %s leaves: %s", self.address, reason)
+            sid = f"worker-leaving-{next(self._stimulus)}"
+            conn.send(m.WorkerLeaving(reason, retire, sid))
+            wait = LEAVE_TIMEOUT if timeout is None else timeout
+            try:
+                await asyncio.wait_for(self._closed.wait(), wait)
+            except TimeoutError:
+                logger.warning("the scheduler did not let %s go within %gs", self.address, wait)
+        await self.close(f"left: {reason}")
+
+    def on_sigterm(self) -> None:
+        """SIGTERM (preemption, a resilience test): leave gracefully, handing off the
+        results only this worker holds; under a nanny, to be restarted afresh."""
+        if not self._closed.is_set():
+            self._spawn(self.leave("received SIGTERM", retire=True, restart=self.under_nanny))
+            # (close() cancels the other background tasks, never the one it runs in)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():

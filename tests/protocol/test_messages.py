@@ -153,6 +153,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         restarting=True,
         stimulus_id="s-16",
     ),
+    m.WorkerLeaving: m.WorkerLeaving(reason="received SIGTERM", retire=False, stimulus_id="s-18"),
     m.KeyUnserializable: m.KeyUnserializable(
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
     ),

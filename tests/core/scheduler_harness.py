@@ -161,10 +161,18 @@ class Sim:
     def missing(self, key: Key, *missing: Key, sid: str = "missing") -> None:
         self.s.handle_worker(self.worker_of(key), MissingData(key, list(missing), sid))
 
+    def drain_all(self) -> None:
+        """Every worker answers for every released task its threads were running."""
+        for address, ws in list(self.s.workers.items()):
+            for key, n in list(ws.draining.items()):
+                self.drained(address, *[key] * n)
+
     def run_all(self, limit: int = 10_000) -> list[Key]:
-        """Finish processing tasks (in key order) until none is left; the keys run."""
+        """Finish processing tasks (in key order) until none is left, the workers
+        answering for released tasks as they go; the keys run."""
         done = []
         for _ in range(limit):
+            self.drain_all()
             processing = sorted(self.processing(), key=repr)
             if not processing:
                 return done

@@ -19,6 +19,7 @@ from shoal.core.membership import (
     DEFAULT_SCHEDULER_TIMEOUT,
     DEFAULT_WORKER_TTL,
 )
+from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
@@ -284,6 +285,13 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help="When the scheduler is gone, wait (up to --timeout) and join it again, "
     "empty, instead of exiting.",
 )
+@click.option(
+    "--interrupt-grace",
+    default=DEFAULT_INTERRUPT_GRACE,
+    show_default=True,
+    help="Seconds a force-cancelled task has to stop once interrupted; then the worker "
+    "restarts through its nanny.",
+)
 @click.option("--log-level", default="warning", show_default=True)
 @security_options
 def worker(
@@ -309,6 +317,7 @@ def worker(
     timeout: float,
     scheduler_timeout: float,
     reconnect: bool,
+    interrupt_grace: float,
     log_level: str,
     **options: Any,
 ) -> None:
@@ -355,6 +364,7 @@ def worker(
             *("--log-level", log_level),
             *("--scheduler-timeout", str(scheduler_timeout)),
             *(["--reconnect"] if reconnect else []),
+            *("--interrupt-grace", str(interrupt_grace)),
         ]
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
@@ -380,6 +390,7 @@ def worker(
             memory_fractions=fractions,
             local_directory=local_directory,
             under_nanny=restart_file is not None,
+            interrupt_grace=interrupt_grace,
         )
 
     exit_code = 0

@@ -38,6 +38,10 @@ from shoal.protocol.messages import ComputeTask, FreeKeys, Key
 if TYPE_CHECKING:
     from shoal.core.worker_state import WTask
 
+# Seconds a force-cancelled task's thread has to return once interrupted, by default;
+# then the worker restarts through its nanny (``shoal worker --interrupt-grace``).
+DEFAULT_INTERRUPT_GRACE = 5.0
+
 
 class Releases:
     """Release and end-of-execution methods of :class:`WorkerState`."""

@@ -38,6 +38,7 @@ from shoal.core.scheduler_model import (
 )
 from shoal.core.scheduler_validation import validate_scheduler_state
 from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.worker_reports import WorkerReports
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
@@ -62,7 +63,7 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, Introspection, Progress):
+class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress):
     def __init__(
         self,
         comm: Comm,
@@ -430,93 +431,7 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         retired or silent worker's last messages may still arrive)."""
         ws = self.workers.get(address)
         if ws is not None:
-            self._apply(ws, self._worker_handlers, msgs, "worker")
-
-    def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
-        ts = self.tasks.get(msg.key)
-        if ts is None or ts.processing_on is not ws:
-            self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
-            return
-        recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
-        self._transitions(recs, msg.stimulus_id)
-
-    def _task_seceded(self, ws: WorkerRecord, msg: m.TaskSeceded) -> None:
-        """The task waits on others: its thread slot and expected time no longer count
-        (its resources do: the worker keeps them held)."""
-        ts = self.tasks.get(msg.key)
-        if ts is None or ts.processing_on is not ws or ts in ws.long_running:
-            return  # done, moved or told already
-        ws.long_running.add(ts)
-        ws.occupancy -= ts.estimate
-        ts.estimate = 0.0
-        if ws.address in self.runnable and self._is_free(ws):
-            self.free_workers.add(ws)
-
-    def _stale_result(
-        self, ws: WorkerRecord, ts: TaskState | None, key: Key, nbytes: int, stimulus_id: str
-    ) -> None:
-        if ts is not None and ts.state == "memory":
-            self._add_replica(ts, ws, nbytes)
-        else:
-            self.comm.send_worker(ws.address, m.FreeKeys([key], stimulus_id))
-
-    def _task_erred(self, ws: WorkerRecord, msg: m.TaskErred) -> None:
-        ts = self.tasks.get(msg.key)
-        if ts is None or ts.processing_on is not ws:
-            self.comm.send_worker(ws.address, m.FreeKeys([msg.key], msg.stimulus_id))
-            return
-        if ts.retries > 0:
-            ts.retries -= 1
-            # its thread has ended: nothing to drain
-            recs = self._transition(ts, "released", msg.stimulus_id, drain=False)
-        else:
-            recs = self._transition(ts, "erred", msg.stimulus_id, msg=msg)
-        self._transitions(recs, msg.stimulus_id)
-
-    def _add_keys(self, ws: WorkerRecord, msg: m.AddKeys) -> None:
-        for key, nbytes in zip(msg.keys, msg.nbytes):
-            self._stale_result(ws, self.tasks.get(key), key, nbytes, msg.stimulus_id)
-
-    def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
-        """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
-        lost (the holders are told to drop them), recompute, and run the task again."""
-        lost = []
-        for key in msg.missing:
-            dts = self.tasks.get(key)
-            if dts is None or dts.state != "memory":
-                continue
-            for holder in list(dts.who_has):
-                if holder is not ws:
-                    self._remove_replica(dts, holder)
-                    self.comm.send_worker(holder.address, m.FreeKeys([key], msg.stimulus_id))
-            if not dts.who_has:
-                lost.append(dts)
-        # Lost keys are released first, so nothing is placed with a dependency held
-        # nowhere (as in remove_worker); then the task runs again once they are back.
-        recs: Recs = {}
-        for dts in lost:
-            recs.update(self._transition(dts, "released", msg.stimulus_id))
-        ts = self.tasks.get(msg.key)
-        if ts is not None and ts.processing_on is ws:  # the worker never started it
-            recs.update(self._transition(ts, "released", msg.stimulus_id, drain=False))
-        self._transitions(recs, msg.stimulus_id)
-
-    def _compute_released(self, ws: WorkerRecord, msg: m.ComputeReleased) -> None:
-        """A thread that ran a task released while it processed here is free."""
-        if self._drained(ws, msg.key):
-            self.log.append((msg.key, "drained", ws.address, msg.stimulus_id))
-
-    _worker_handlers: dict[type, Callable[..., None]] = {
-        m.TaskFinished: _task_finished,
-        m.TaskSeceded: _task_seceded,
-        m.TaskErred: _task_erred,
-        m.AddKeys: _add_keys,
-        m.MissingData: _missing_data,
-        m.ComputeReleased: _compute_released,
-        m.WorkerStatus: Membership._worker_status,
-        m.KeyUnserializable: Membership._key_unserializable,
-        m.WorkerLeaving: Membership._worker_leaving,
-    }
+            self._apply(ws, self._worker_handlers, msgs, "worker")  # see worker_reports.py
 
     # ------------------------------------------------------------------ helpers
 

@@ -125,9 +125,7 @@ def test_a_cancelled_task_that_runs_on_keeps_its_thread_and_later_tasks_all_run(
         stop.touch()
 
 
-def test_force_cancel_interrupts_a_python_loop_and_frees_its_thread(
-    client: Client, tmp_path: Path
-):
+def test_force_cancel_interrupts_a_python_loop_and_frees_its_thread(client: Client, tmp_path: Path):
     started, interrupted = tmp_path / "started", tmp_path / "interrupted"
     before = worker_of(client, "0")
     spinner = client.submit(spin, str(started), str(interrupted), workers=[before["address"]])

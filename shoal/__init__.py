@@ -10,7 +10,7 @@ from shoal.client.progress import progress
 from shoal.client.worker_client import get_client, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.local import LocalCluster
-from shoal.protocol.errors import KilledWorker
+from shoal.protocol.errors import KilledWorker, TaskInterrupted
 from shoal.protocol.serialize import SerializationError
 
 __version__ = "0.1.0"
@@ -23,6 +23,7 @@ __all__ = [
     "LocalCluster",
     "Security",
     "SerializationError",
+    "TaskInterrupted",
     "__version__",
     "as_completed",
     "get_client",

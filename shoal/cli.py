@@ -19,6 +19,8 @@ from shoal.core.membership import (
     DEFAULT_SCHEDULER_TIMEOUT,
     DEFAULT_WORKER_TTL,
 )
+from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
+from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
 if TYPE_CHECKING:
@@ -255,6 +257,11 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option("--local-directory", default=None, help="For spill files (default: temp dir).")
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
 @click.option("--address-file", hidden=True, help="Write the worker's address here (nanny).")
+@click.option(
+    "--restart-file",
+    hidden=True,
+    help="Under a nanny: exiting to be restarted, write why here (and exit with EXIT_RESTART).",
+)
 @click.option("--zero", is_flag=True, help="Report every task done at once (benchmarks).")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option(
@@ -278,6 +285,13 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help="When the scheduler is gone, wait (up to --timeout) and join it again, "
     "empty, instead of exiting.",
 )
+@click.option(
+    "--interrupt-grace",
+    default=DEFAULT_INTERRUPT_GRACE,
+    show_default=True,
+    help="Seconds a force-cancelled task has to stop once interrupted; then the worker "
+    "restarts through its nanny.",
+)
 @click.option("--log-level", default="warning", show_default=True)
 @security_options
 def worker(
@@ -296,12 +310,14 @@ def worker(
     local_directory: str | None,
     watch_pid: int | None,
     address_file: str | None,
+    restart_file: str | None,
     zero: bool,
     validate: bool,
     resources: str,
     timeout: float,
     scheduler_timeout: float,
     reconnect: bool,
+    interrupt_grace: float,
     log_level: str,
     **options: Any,
 ) -> None:
@@ -348,6 +364,7 @@ def worker(
             *("--log-level", log_level),
             *("--scheduler-timeout", str(scheduler_timeout)),
             *(["--reconnect"] if reconnect else []),
+            *("--interrupt-grace", str(interrupt_grace)),
         ]
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
@@ -372,18 +389,31 @@ def worker(
             security=security,
             memory_fractions=fractions,
             local_directory=local_directory,
+            under_nanny=restart_file is not None,
+            interrupt_grace=interrupt_grace,
         )
 
+    exit_code = 0
+
     async def serve() -> None:
+        nonlocal exit_code
         current: list[Worker] = []
         stopping = asyncio.Event()
 
-        def stop() -> None:
+        def stop() -> None:  # SIGINT, or our nanny is gone: close now
             stopping.set()
             for w in current:
                 asyncio.ensure_future(w.close("stopped"))
 
-        _stop_on_signals(stop)
+        def terminate() -> None:  # SIGTERM: leave gracefully (under a nanny: to restart)
+            if not current:
+                stop()
+            for w in current:
+                w.on_sigterm()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop)
+        loop.add_signal_handler(signal.SIGTERM, terminate)
         watching = None  # a reference, so the task is not collected while it runs
         if watch_pid:  # our nanny: never outlive it
             watching = asyncio.ensure_future(_watch_pid(watch_pid, stop, interval=0.2))
@@ -399,12 +429,18 @@ def worker(
                 _write_atomically(address_file, w.address)
             log.info("shoal worker at %s", w.address)
             await w.finished()
-            if not (reconnect and w.close_reason.startswith("lost the scheduler")):
+            if w.restart and restart_file:
+                _write_atomically(restart_file, w.leaving or w.close_reason)
+                exit_code = EXIT_RESTART
+                return
+            if w.leaving or not (reconnect and w.close_reason.startswith("lost the scheduler")):
                 return
             log.warning("%s; joining it again when it is back", w.close_reason)
         del watching
 
     run(serve())
+    if exit_code:
+        raise SystemExit(exit_code)
 
 
 async def _start_worker(

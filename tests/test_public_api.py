@@ -10,6 +10,7 @@ EXPECTED = [
     "LocalCluster",
     "Security",
     "SerializationError",
+    "TaskInterrupted",
     "__version__",
     "as_completed",
     "get_client",

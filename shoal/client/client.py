@@ -564,8 +564,17 @@ class Client(ClusterInfo):
             self._encoder = GraphEncoder(self._functions, self._ref_types)
         return self._encoder
 
-    def cancel(self, futures: Iterable[Future] | Future) -> Any:
-        """Cancel futures (and, for this client, everything built on them)."""
+    def cancel(self, futures: Iterable[Future] | Future, force: bool = False) -> Any:
+        """Cancel futures (and, for this client, everything built on them).
+
+        A task that nothing else needs is released at once; if it is running, its
+        worker's thread stays counted busy until it really returns, so nothing waits
+        behind it. With ``force``, a task still running is interrupted: a
+        :class:`~shoal.TaskInterrupted` exception is raised in its thread (only while
+        that thread runs Python code: not inside ``time.sleep``, a lock, I/O or C code),
+        and if it has not returned after the worker's grace period (5 s,
+        ``shoal worker --interrupt-grace``) the worker restarts through its nanny, its
+        results handed off, nothing counted as a failure."""
         fs = [futures] if isinstance(futures, Future) else list(futures)
         keys = [f.key for f in fs]
         states = [f._state for f in fs]
@@ -577,7 +586,7 @@ class Client(ClusterInfo):
         with self._refs_lock:
             self._cancels += 1
             stimulus_id = f"cancel-{self._cancels}-{uuid.uuid4().hex[:8]}"
-        msg = m.CancelKeys(keys, stimulus_id=stimulus_id)
+        msg = m.CancelKeys(keys, stimulus_id=stimulus_id, force=force)
 
         async def cancel() -> None:
             mark()

@@ -164,8 +164,10 @@ class Future:
         self.exception(timeout)
         return self._state.traceback
 
-    def cancel(self) -> None:
-        self.client.cancel([self])
+    def cancel(self, force: bool = False) -> None:
+        """Cancel this future (see :meth:`Client.cancel`; ``force`` interrupts the task
+        if it is running)."""
+        self.client.cancel([self], force=force)
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` in a separate thread once this future is done."""

@@ -11,6 +11,12 @@
   another worker, waits for its running tasks, then closes it; nothing counts as a
   failure. It is refused, and the worker keeps working, when no other worker can
   take its data.
+- A worker that leaves on its own (``WorkerLeaving``: SIGTERM, a restart it wants)
+  gives up its running tasks at once (they go elsewhere), and, with ``retire``, has
+  the keys only it holds copied off first (when no other worker is left to take them,
+  they are lost with it: recomputed). Then it is told ``CloseWorker``. Its removal,
+  however it comes (that message, its connection closing, its nanny's report), is
+  expected: nothing counts against ``allowed_failures``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class Membership:
         # the task is forgotten); only such tasks have an entry.
         self.suspicious: dict[TaskState, list[str]] = {}
         self.retiring: dict[str, Retirement] = {}  # worker address -> its request
+        self.leaving: dict[str, str] = {}  # workers that said they go (WorkerLeaving) -> why
         self._copies: dict[TaskState, tuple[WorkerRecord, float]] = {}  # key -> to, when
         self._now = 0.0  # the latest time an event carried
         self.total_threads = 0  # over the workers, kept as they come and go
@@ -129,6 +136,8 @@ class Membership:
         ws = self.workers.pop(address, None)
         if ws is None:
             return
+        if self.leaving.pop(address, None) is not None:
+            expected = True  # it said it was going: its tasks did not kill it
         self.total_threads -= ws.nthreads
         self.total_memory -= ws.memory_limit
         self.version += 1
@@ -272,6 +281,33 @@ class Membership:
             self._reply_retirement(req)
         self._advance_retirements(sid)
 
+    def _worker_leaving(self, ws: WorkerRecord, msg: m.WorkerLeaving) -> None:
+        """``ws`` goes away on its own: its running tasks go elsewhere now; with
+        ``retire`` its unique keys are copied off first; then it is told to close."""
+        sid = msg.stimulus_id
+        address = ws.address
+        self.log.append(("worker-leaving", address, msg.reason, msg.retire, sid))
+        self.leaving[address] = msg.reason
+        if ws.status != "retiring":
+            if address in self.runnable:
+                self._unindex_worker(ws)
+            if msg.retire:
+                ws.status = "retiring"
+                req = Retirement("", 0, close=True)  # nobody to answer
+                req.pending.add(address)
+                self.retiring[address] = req
+            self.version += 1
+        recs: Recs = {}
+        for ts in sorted(ws.processing, key=_by_priority):
+            recs.update(self._transition(ts, "released", sid))  # FreeKeys to it too
+        self._transitions(recs, sid)
+        if msg.retire:
+            self._advance_retirements(sid)
+        else:
+            close = m.CloseWorker(f"removed as it asked: {msg.reason}", sid)
+            self.comm.send_worker(address, close)
+            self.remove_worker(address, sid, f"left: {msg.reason}", expected=True)
+
     def _find_worker(self, name: str) -> WorkerRecord | None:
         ws = self.workers.get(name)
         if ws is not None:
@@ -292,7 +328,9 @@ class Membership:
             pending = [ts for ts in _only_here(ws) if ts not in self._copies]
             if pending:
                 self._copy_off(ws, pending, stimulus_id)
-            if not ws.processing and not any(True for _ in _only_here(ws)):
+            # A worker leaving on its own goes even when nobody is left to take its keys.
+            lost = address in self.leaving and not self._copy_targets()
+            if lost or (not ws.processing and not any(True for _ in _only_here(ws))):
                 req = self.retiring[address]
                 if req.close:
                     self.comm.send_worker(address, m.CloseWorker("retired", stimulus_id))
@@ -303,7 +341,7 @@ class Membership:
     def _copy_off(self, ws: WorkerRecord, keys: Iterable[TaskState], stimulus_id: str) -> None:
         """Ask other workers to fetch ``keys`` from ``ws``: each to the one with the
         fewest bytes (counting what it is asked for here)."""
-        stay = [w for w in self.runnable.values() if w.address not in self.retiring]
+        stay = self._copy_targets()
         if not stay:  # they all left meanwhile: the keys will be lost with it
             return
         load = {w: w.nbytes for w in stay}
@@ -315,6 +353,9 @@ class Membership:
             self._copies[ts] = (to, self._now)
         for to, deps in asks.items():
             self.comm.send_worker(to.address, m.CopyKeys(deps, stimulus_id))
+
+    def _copy_targets(self) -> list[WorkerRecord]:
+        return [w for w in self.runnable.values() if w.address not in self.retiring]
 
     def _retry_copies(self, ws: WorkerRecord) -> None:
         """Forget copies whose recipient left or that took too long: asked again."""

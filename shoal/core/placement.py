@@ -8,6 +8,12 @@ A mixin, so that its methods keep their names and share the scheduler's records:
   slot (``_schedule_queued``), so no worker is flooded;
 - ``_add_processing``/``_remove_processing`` keep each worker's processing set,
   occupancy, resources in use and the set of free workers in step.
+- A task released while it was processing (cancelled, or no longer needed) may still
+  run on its worker's thread: that thread counts as busy (``_drain``) until the worker
+  says it is free (``ComputeReleased``: the thread ended, seceded, or took the task up
+  again for a new ComputeTask; ``_drained``). A worker whose every thread is draining
+  gets no queued task, and a task with dependencies goes there only if no other worker
+  can take it.
 
 Restrictions (``Client.submit(workers=, allow_other_workers=, resources=)``), with Dask's
 meaning:
@@ -36,9 +42,9 @@ import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from shoal.core.scheduler_model import TaskState, WorkerRecord
+from shoal.core.scheduler_model import TaskState, WorkerRecord, min_slots
 from shoal.core.story import StoryLog
-from shoal.protocol.messages import TaskRestrictions
+from shoal.protocol.messages import Key, TaskRestrictions
 
 QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
 MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
@@ -135,7 +141,37 @@ class Placement:
         n = len(ws.processing) - len(ws.long_running)
         if n < ws.min_slots:
             return True
-        return ws.occupancy < ws.nthreads * QUEUE_HORIZON and n < ws.nthreads * MAX_PER_THREAD
+        threads = ws.slot_threads  # nthreads less the draining ones
+        return ws.occupancy < threads * QUEUE_HORIZON and n < threads * MAX_PER_THREAD
+
+    def _drain(self, ws: WorkerRecord, key: Key) -> None:
+        """A thread of ``ws`` may still run ``key``, which was released while it
+        processed there: count that thread busy until the worker answers."""
+        ws.draining[key] = ws.draining.get(key, 0) + 1
+        ws.ndraining += 1
+        self._set_slots(ws)
+
+    def _drained(self, ws: WorkerRecord, key: Key) -> bool:
+        """The worker says a thread that ran released ``key`` is free; False if no such
+        thread was counted (an answer the scheduler never asked for is ignored)."""
+        n = ws.draining.get(key, 0)
+        if not n:
+            return False
+        if n == 1:
+            del ws.draining[key]
+        else:
+            ws.draining[key] = n - 1
+        ws.ndraining -= 1
+        self._set_slots(ws)
+        return True
+
+    def _set_slots(self, ws: WorkerRecord) -> None:
+        ws.slot_threads = threads = max(0, ws.nthreads - ws.ndraining)
+        ws.min_slots = min_slots(threads)
+        if ws.address in self.runnable and self._is_free(ws):
+            self.free_workers.add(ws)
+        else:
+            self.free_workers.discard(ws)
 
     def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
         ts.processing_on = ws
@@ -181,6 +217,8 @@ class Placement:
             allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
             if not allowed:
                 return None
+            if len(allowed) > 1:  # rather not where every thread is draining
+                allowed = [ws for ws in allowed if ws.min_slots] or allowed
         elif not self.runnable:
             return None
         local: dict[WorkerRecord, int] = {}
@@ -193,10 +231,12 @@ class Placement:
         if r is not None:
             candidates: Collection[WorkerRecord] = allowed
         else:
-            candidates = {ws for ws in local if ws.address in self.runnable}
+            # (min_slots is 0 only while every thread of the worker is draining)
+            candidates = {ws for ws in local if ws.min_slots and ws.address in self.runnable}
             candidates.update(self.free_workers)
             if not candidates:
-                candidates = set(self.runnable.values())
+                runnable = self.runnable.values()
+                candidates = {ws for ws in runnable if ws.min_slots} or set(runnable)
         best = None
         best_cost: tuple[float, int, str] | None = None
         for ws in candidates:

@@ -38,6 +38,7 @@ from shoal.core.scheduler_model import (
 )
 from shoal.core.scheduler_validation import validate_scheduler_state
 from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.worker_reports import WorkerReports
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
@@ -56,20 +57,13 @@ def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str
     return shared.setdefault(ids, ids)
 
 
-def _earlier_run(ts: TaskState, run_id: int) -> bool:
-    """The answer to an assignment of ``ts`` released since (a worker's result that
-    crossed the FreeKeys sent for it, which the worker then drops): not a copy, nor a
-    failure, of the current one."""
-    return run_id != 0 and run_id != ts.run_id
-
-
 def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     if type(func) is str:
         return (func,) if func else ()
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, Introspection, Progress):
+class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress):
     def __init__(
         self,
         comm: Comm,
@@ -93,6 +87,9 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
         self._generation = itertools.count()
+        # True while a CancelKeys(force=True) is applied: the processing tasks it
+        # releases are interrupted on their workers.
+        self._interrupting = False
         self.transition_counter = 0
         self.task_counts = dict.fromkeys(TASK_STATES, 0)  # per state, kept by the tasks
         # The summary's version: a change of workers or a batch with transitions bumps it.
@@ -372,7 +369,8 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._transitions(recs, stimulus_id)
 
     def _cancel_keys(self, cs: ClientRecord, msg: m.CancelKeys) -> None:
-        # Cancelling a key cancels, for this client, everything built on it.
+        # Cancelling a key cancels, for this client, everything built on it. With
+        # ``force``, what it releases while it runs is interrupted on its worker.
         seen: set[TaskState] = set()
         stack = [self.tasks[k] for k in msg.keys if k in self.tasks]
         while stack:
@@ -384,7 +382,11 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         cancelled = [ts for ts in seen if cs in ts.who_wants]
         for ts in cancelled:
             self.comm.send_client(cs.id, m.KeyCancelled(ts.key, "cancelled", msg.stimulus_id))
-        self._release_wants(cs, cancelled, msg.stimulus_id)
+        self._interrupting = msg.force
+        try:
+            self._release_wants(cs, cancelled, msg.stimulus_id)
+        finally:
+            self._interrupting = False
 
     def _scatter_done(self, cs: ClientRecord, msg: m.ScatterDone) -> None:
         ws = self.workers.get(msg.worker)
@@ -429,95 +431,7 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         retired or silent worker's last messages may still arrive)."""
         ws = self.workers.get(address)
         if ws is not None:
-            self._apply(ws, self._worker_handlers, msgs, "worker")
-
-    def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
-        ts = self.tasks.get(msg.key)
-        if ts is not None and _earlier_run(ts, msg.run_id):
-            return
-        if ts is None or ts.processing_on is not ws:
-            self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
-            return
-        recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
-        self._transitions(recs, msg.stimulus_id)
-
-    def _task_seceded(self, ws: WorkerRecord, msg: m.TaskSeceded) -> None:
-        """The task waits on others: its thread slot and expected time no longer count
-        (its resources do: the worker keeps them held)."""
-        ts = self.tasks.get(msg.key)
-        if ts is None or ts.processing_on is not ws or ts in ws.long_running:
-            return  # done, moved or told already
-        ws.long_running.add(ts)
-        ws.occupancy -= ts.estimate
-        ts.estimate = 0.0
-        if ws.address in self.runnable and self._is_free(ws):
-            self.free_workers.add(ws)
-
-    def _stale_result(
-        self, ws: WorkerRecord, ts: TaskState | None, key: Key, nbytes: int, stimulus_id: str
-    ) -> None:
-        if ts is not None and ts.state == "memory":
-            self._add_replica(ts, ws, nbytes)
-        else:
-            self.comm.send_worker(ws.address, m.FreeKeys([key], stimulus_id))
-
-    def _task_erred(self, ws: WorkerRecord, msg: m.TaskErred) -> None:
-        ts = self.tasks.get(msg.key)
-        if ts is not None and _earlier_run(ts, msg.run_id):
-            return
-        if ts is None or ts.processing_on is not ws:
-            self.comm.send_worker(ws.address, m.FreeKeys([msg.key], msg.stimulus_id))
-            return
-        if ts.retries > 0:
-            ts.retries -= 1
-            recs = self._transition(ts, "released", msg.stimulus_id)
-        else:
-            recs = self._transition(ts, "erred", msg.stimulus_id, msg=msg)
-        self._transitions(recs, msg.stimulus_id)
-
-    def _add_keys(self, ws: WorkerRecord, msg: m.AddKeys) -> None:
-        for key, nbytes in zip(msg.keys, msg.nbytes):
-            ts = self.tasks.get(key)
-            if ts is not None and ts.processing_on is ws:
-                # Lost elsewhere and given to ``ws`` to compute while its copy was on the
-                # way here: the worker answers that ComputeTask with TaskFinished, and a
-                # FreeKeys now would reach it after, leaving a copy said to be there.
-                continue
-            self._stale_result(ws, ts, key, nbytes, msg.stimulus_id)
-
-    def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
-        """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
-        lost (the holders are told to drop them), recompute, and run the task again."""
-        lost = []
-        for key in msg.missing:
-            dts = self.tasks.get(key)
-            if dts is None or dts.state != "memory":
-                continue
-            for holder in list(dts.who_has):
-                if holder is not ws:
-                    self._remove_replica(dts, holder)
-                    self.comm.send_worker(holder.address, m.FreeKeys([key], msg.stimulus_id))
-            if not dts.who_has:
-                lost.append(dts)
-        # Lost keys are released first, so nothing is placed with a dependency held
-        # nowhere (as in remove_worker); then the task runs again once they are back.
-        recs: Recs = {}
-        for dts in lost:
-            recs.update(self._transition(dts, "released", msg.stimulus_id))
-        ts = self.tasks.get(msg.key)
-        if ts is not None and ts.processing_on is ws:
-            recs.update(self._transition(ts, "released", msg.stimulus_id))
-        self._transitions(recs, msg.stimulus_id)
-
-    _worker_handlers: dict[type, Callable[..., None]] = {
-        m.TaskFinished: _task_finished,
-        m.TaskSeceded: _task_seceded,
-        m.TaskErred: _task_erred,
-        m.AddKeys: _add_keys,
-        m.MissingData: _missing_data,
-        m.WorkerStatus: Membership._worker_status,
-        m.KeyUnserializable: Membership._key_unserializable,
-    }
+            self._apply(ws, self._worker_handlers, msgs, "worker")  # see worker_reports.py
 
     # ------------------------------------------------------------------ helpers
 
@@ -711,10 +625,28 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
         self._dequeue(ts)
         return self._transition_waiting_released(ts, stimulus_id)
 
-    def _transition_processing_released(self, ts: TaskState, stimulus_id: str) -> Recs:
-        ws = self._remove_processing(ts)
-        if ws is not None:
-            self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+    def _release_compute(self, ts: TaskState, stimulus_id: str, drain: bool = True) -> None:
+        """``ts`` stops processing. If it was on a worker (not gone), that worker is
+        told to drop it; unless the task had seceded (it holds no slot) or the worker
+        said its thread is over (``drain=False``), the thread counts busy until the
+        worker answers ComputeReleased."""
+        ws = ts.processing_on
+        if ws is None:
+            return
+        drain = drain and ts not in ws.long_running
+        self._remove_processing(ts)
+        if drain:
+            self._drain(ws, ts.key)
+        if drain or self._interrupting:
+            msg: m.Message = m.ReleaseCompute(ts.key, drain, self._interrupting, stimulus_id)
+        else:  # no answer wanted, nothing to interrupt: as any key it should drop
+            msg = m.FreeKeys([ts.key], stimulus_id)
+        self.comm.send_worker(ws.address, msg)
+
+    def _transition_processing_released(
+        self, ts: TaskState, stimulus_id: str, drain: bool = True
+    ) -> Recs:
+        self._release_compute(ts, stimulus_id, drain)
         ts.state = "released"
         recs: Recs = {}
         if not self._needed(ts):
@@ -790,11 +722,10 @@ class SchedulerState(Placement, Membership, Introspection, Progress):
     def _transition_processing_erred(
         self, ts: TaskState, stimulus_id: str, msg: m.TaskErred | None = None
     ) -> Recs:
-        ws = self._remove_processing(ts)
         if msg is None:  # a dependency failed while this ran: the blame is already set
-            if ws is not None:
-                self.comm.send_worker(ws.address, m.FreeKeys([ts.key], stimulus_id))
+            self._release_compute(ts, stimulus_id)
         else:
+            self._remove_processing(ts)
             ts.exception = msg.exception
             ts.traceback = msg.traceback
             # A dependency whose data could not be had is to blame, if still known.

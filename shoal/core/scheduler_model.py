@@ -124,6 +124,9 @@ class WorkerRecord:
         "known_functions",
         "tasks_run",
         "min_slots",
+        "slot_threads",
+        "draining",
+        "ndraining",
         "aliases",
         "resources",
         "used_resources",
@@ -161,9 +164,14 @@ class WorkerRecord:
         self.occupancy = 0.0  # expected seconds of work assigned and not yet reported
         self.known_functions: set[str] = set()
         self.tasks_run = 0
-        # Always allow a little more than one task per thread, so a thread never idles
-        # for a round trip to the scheduler (Dask's worker-saturation of 1.1).
-        self.min_slots = nthreads + max(1, nthreads // 10)
+        # Threads that may take tasks: nthreads less those still running a task that
+        # was released while it ran (until the worker says that thread is free again:
+        # ComputeReleased). Keys -> how many such threads run that key (a multiset: a
+        # key may be cancelled, submitted again and cancelled again while it runs).
+        self.draining: dict[Key, int] = {}
+        self.ndraining = 0  # sum of draining's counts
+        self.slot_threads = nthreads
+        self.min_slots = min_slots(nthreads)
         # "running"; "paused" (its memory is full) and "retiring" get no new tasks.
         self.status = "running"
         self.pid = pid
@@ -173,6 +181,13 @@ class WorkerRecord:
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"
+
+
+def min_slots(threads: int) -> int:
+    """Tasks a worker with ``threads`` free threads may always be given: a little more
+    than one per thread, so that a thread never idles for a round trip to the scheduler
+    (Dask's worker-saturation of 1.1); none when no thread is free."""
+    return threads + max(1, threads // 10) if threads > 0 else 0
 
 
 def parse_host(address: str) -> str:

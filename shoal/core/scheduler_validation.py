@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shoal.core.placement import SLACK, Restrictions
-from shoal.core.scheduler_model import FINISHED, SMALL, TaskState
+from shoal.core.scheduler_model import FINISHED, SMALL, TaskState, min_slots
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
@@ -150,6 +150,12 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             abs(ws.occupancy - sum(t.estimate for t in ws.processing)) < 1e-6,
             f"occupancy of {ws.address}",
         )
+        # Threads still running tasks released while they processed here: counted busy.
+        check(all(n > 0 for n in ws.draining.values()), f"draining counts of {ws.address}")
+        check(ws.ndraining == sum(ws.draining.values()), f"ndraining of {ws.address}")
+        threads = max(0, ws.nthreads - ws.ndraining)
+        check(ws.slot_threads == threads, f"slot threads of {ws.address}")
+        check(ws.min_slots == min_slots(threads), f"min_slots of {ws.address}")
         runnable = ws.status == "running"
         check((ws.address in state.runnable) == runnable, f"runnable: {ws.address} {ws.status}")
         check(

@@ -108,7 +108,15 @@ class Rejoin(WorkerEvent):
     stimulus_id: str
 
 
-Event = ComputeTask | FreeKeys | m.CopyKeys | WorkerEvent
+class InterruptExpired(WorkerEvent):
+    """The grace period after :class:`Interrupt` ``interrupt_id`` of ``key`` is over."""
+
+    key: Key
+    interrupt_id: int
+    stimulus_id: str
+
+
+Event = ComputeTask | FreeKeys | m.ReleaseCompute | m.CopyKeys | WorkerEvent
 
 # --- instructions -----------------------------------------------------------------------
 
@@ -133,6 +141,24 @@ class ResumeThread(Instruction):
     """A thread slot is free for the rejoining task ``key``: let its thread go on."""
 
     key: Key
+    stimulus_id: str
+
+
+class Interrupt(Instruction):
+    """Raise :class:`~shoal.TaskInterrupted` in the thread running ``key`` (only while
+    it still runs that execution; one not started yet is not run at all), then, after a
+    grace period, send :class:`InterruptExpired` with the same ``interrupt_id``."""
+
+    key: Key
+    interrupt_id: int
+    stimulus_id: str
+
+
+class RestartWorker(Instruction):
+    """A thread could not be stopped: restart this worker through its nanny (nothing
+    counts as a failure); without a nanny, say so and keep the thread counted busy."""
+
+    reason: str
     stimulus_id: str
 
 

@@ -28,6 +28,10 @@ its thread ends, also when it was cancelled meanwhile (the thread still runs). T
 scheduler never assigns more than the worker has, but it counts a cancelled task's
 resources as free at once, and the threads are pipelined: this is the check that holds.
 
+Tasks the scheduler takes back while they run (``ReleaseCompute``: the thread counts
+busy until it really ends; force-cancel interrupts it) and the ends of executions are in
+:mod:`shoal.core.worker_release`.
+
 A running task may *secede* (:class:`Secede`: it waits on other tasks, e.g. inside
 ``worker_client``): it stops counting against the execution limit, so another task
 starts, while its own thread runs on and its result is reported as usual. It keeps the
@@ -54,8 +58,11 @@ from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events a
     GatherFailure,
     GatherSuccess,
     Instruction,
+    Interrupt,
+    InterruptExpired,
     Pause,
     Rejoin,
+    RestartWorker,
     ResumeThread,
     Secede,
     SendMessage,
@@ -65,6 +72,7 @@ from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events a
     UpdateDataEvent,
     WorkerEvent,
 )
+from shoal.core.worker_release import Releases
 from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Payload
 
@@ -142,7 +150,7 @@ def _unindex(index: dict[str, dict[WTask, None]], worker: str, ts: WTask) -> Non
         del index[worker]
 
 
-class WorkerState:
+class WorkerState(Releases):
     """The tasks of one worker. See the module docstring."""
 
     _TRANSITIONS: ClassVar[dict[tuple[str, str], Callable[[WorkerState, WTask, str], None]]]
@@ -188,6 +196,11 @@ class WorkerState:
         self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
         self._in_flight_bytes: dict[str, int] = {}  # peer -> bytes its GatherDep asked for
         self._to_release: list[WTask] = []  # tasks that may have lost their last reason
+        # Released executions still on a counted thread -> ComputeReleased answers owed.
+        self._drains: dict[WTask, int] = {}
+        # Running executions interrupted (force-cancelled) -> the id of the Interrupt.
+        self._interrupted: dict[WTask, int] = {}
+        self._interrupt_ids = 0
         self._unvalidated = 0  # events and instructions since the last full check
 
     @property
@@ -407,10 +420,6 @@ class WorkerState:
         if not ts.dependents:
             self._transition(ts, "forgotten", sid)
 
-    def _forget_cancelled(self, ts: WTask, sid: str) -> None:
-        self._transition(ts, "released", sid)
-        self._transition(ts, "forgotten", sid)
-
     def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
         for w in workers:
             if w != self.address and w not in ts.who_has:
@@ -447,8 +456,12 @@ class WorkerState:
                 ts.resume = ev  # computed here if the transfer fails
                 if st == "cancelled":
                     self._transition(ts, "flight", sid)
-            elif st == "cancelled":  # still running: its result counts again
-                self._transition(ts, "executing", sid)
+            elif st == "cancelled":
+                if ts in self._interrupted:  # computed afresh once its thread has ended
+                    ts.resume = ev
+                else:  # still running: its result counts again, and its thread
+                    self._transition(ts, "executing", sid)
+                    self._answer_drains(ts, sid)
             return  # else waiting, ready or executing already
         deps = ev.deps
         if deps and (missing := self._missing_deps(key, deps)):
@@ -501,8 +514,8 @@ class WorkerState:
                     dts.wanted = False
                 dts.nbytes = d.nbytes
                 self._transition(dts, "fetch", sid)
-            elif dts.state == "cancelled":  # needed again: let it run or arrive
-                self._transition(dts, dts.previous or "", sid)
+            elif dts.state == "cancelled" and dts not in self._interrupted:
+                self._transition(dts, dts.previous or "", sid)  # needed again: run or arrive
             if dts.state != "memory":
                 self._add_who_has(dts, d.who_has)  # peers in the order given
                 ts.waiting_for_data.add(dts)
@@ -510,42 +523,6 @@ class WorkerState:
             if dts.dependents is _NO_SET:
                 dts.dependents = set()
             dts.dependents.add(ts)
-
-    def _handle_free_keys(self, ev: FreeKeys) -> None:
-        for key in ev.keys:
-            ts = self.tasks.get(key)
-            if ts is not None:
-                self._log((key, "FreeKeys", ev.stimulus_id))
-                ts.wanted = False
-                ts.resume = None
-                if not ts.dependents:  # else kept until its dependents are done
-                    self._release(ts, ev.stimulus_id)
-
-    def _finished(self, ev: ExecuteSuccess | ExecuteFailure, finish: str) -> WTask | None:
-        """The task whose thread ended, if its result counts."""
-        self._log((ev.key, type(ev).__name__, ev.stimulus_id))
-        ts = self.tasks.get(ev.key)
-        if ts is None or not self._running(ts):
-            start = "forgotten" if ts is None else ts.state
-            raise InvalidTransition(ev.key, start, finish, self._story.story(ev.key))
-        self._executing.discard(ts)
-        self._seceded.discard(ts)  # a seceded task may end without rejoining
-        self._rejoining.pop(ts, None)
-        if ts.resources is not None:  # the thread has ended: what it held is free
-            available = self.available_resources
-            for resource, need in ts.resources.items():
-                available[resource] += need
-            if not self._executing and not self._seceded and not self._rejoining:
-                self.available_resources = dict(self.total_resources)  # no drift from sums
-        # A moving average of how long tasks take here: it sets how deep to pipeline.
-        self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
-        if ts.state == "cancelled":
-            self._forget_cancelled(ts, ev.stimulus_id)
-        if ts.state != "executing":
-            return None  # cancelled, or scattered over while it ran: the result is dropped
-        ts.start = ev.start
-        ts.stop = ev.stop
-        return ts
 
     def _handle_execute_success(self, ev: ExecuteSuccess) -> None:
         ts = self._finished(ev, "memory")
@@ -745,6 +722,8 @@ class WorkerState:
             raise InvalidTransition(ev.key, start, "seceded", self._story.story(ev.key))
         self._executing.discard(ts)
         self._seceded.add(ts)  # resources stay held: the thread still runs
+        if self._drains:  # its thread no longer counts
+            self._answer_drains(ts, ev.stimulus_id)
         if ts.state == "executing" and ts.wanted:  # the scheduler counts it out too
             msg = m.TaskSeceded(ev.key, ev.stimulus_id)
             self._out.append(SendMessage(msg, ev.stimulus_id))
@@ -905,6 +884,8 @@ WorkerState._TRANSITIONS = {
 WorkerState._HANDLERS = {
     ComputeTask: WorkerState._handle_compute,
     FreeKeys: WorkerState._handle_free_keys,
+    m.ReleaseCompute: WorkerState._handle_release_compute,
+    InterruptExpired: WorkerState._handle_interrupt_expired,
     ExecuteSuccess: WorkerState._handle_execute_success,
     ExecuteFailure: WorkerState._handle_execute_failure,
     GatherSuccess: WorkerState._handle_gather_success,

@@ -22,6 +22,13 @@ def validate_worker_state(state: WorkerState) -> None:
     threads = [*executing, *seceded, *rejoining]
     _check(len(threads) == len(set(threads)), "a task both counted and seceded")
     running_tasks = set(threads)
+    interrupted = state._interrupted  # never taken over again: see worker_release.py
+    for ts, n in state._drains.items():  # answers owed for threads still counted
+        _check(n > 0 and ts in executing, f"{ts!r}: {n} ComputeReleased owed")
+    ids = list(interrupted.values())
+    _check(len(set(ids)) == len(ids) and all(0 < i <= state._interrupt_ids for i in ids), "ids")
+    for ts in interrupted:
+        _check(ts in running_tasks, f"{ts!r} interrupted but not running")
     _check(not state._to_release, "releases left pending")
     live, live_constrained = (
         {seq for _, seq, ts in heap if ts.state == "ready" and ts.ready_seq == seq}
@@ -44,9 +51,13 @@ def validate_worker_state(state: WorkerState) -> None:
             _check(w != state.address and ts in state._has_what.get(w, ()), f"{where}: {w}")
         _check((key in state.data) == (st == "memory"), f"{where}: data")
         _check(st == "cancelled" or ts.wanted or ts.dependents, f"{where}: unwanted")
+        if st == "cancelled" and ts in interrupted:  # only a ComputeTask wants it again
+            _check(ts.wanted == (ts.resume is not None), f"{where}: wanted")
         _check(st == "cancelled" or ts.previous is None, f"{where}: previous")
         _check(st in ("flight", "cancelled") or ts.coming_from is None, where)
-        _check(ts.resume is None or (st == "flight" and ts.wanted), f"{where}: resume")
+        # resume: the ComputeTask to run if a transfer fails / once an interrupted run ends
+        resumable = st == "flight" or (st == "cancelled" and ts in interrupted)
+        _check(ts.resume is None or (resumable and ts.wanted), f"{where}: resume")
         _check(st not in ("waiting", "ready") or ts.run_spec is not None, where)
         if st == "waiting":
             _check(ts.waiting_for_data, f"{where}: waiting for nothing")
@@ -69,7 +80,8 @@ def validate_worker_state(state: WorkerState) -> None:
             _check(ts.dependents and not ts.wanted and not ts.who_has, f"{where}: stub")
         elif st == "cancelled":
             _check(ts.previous in ("executing", "flight"), f"{where}: previous")
-            _check(not ts.dependents and not ts.wanted, f"{where}: needed")
+            # an interrupted run is not taken over: what needs the key waits for its end
+            _check(ts in interrupted or not (ts.dependents or ts.wanted), f"{where}: needed")
     _check(n_memory == len(state.data), "data holds keys not in memory")
     _check(n_ready == state._n_ready, f"ready count {state._n_ready} != {n_ready}")
     for ts in running_tasks:

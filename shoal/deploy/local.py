@@ -34,6 +34,7 @@ import psutil
 from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
+from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
@@ -60,6 +61,7 @@ class LocalCluster:
         local_directory: str | None = None,
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
+        interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -79,6 +81,7 @@ class LocalCluster:
         self.validate = validate
         self.allowed_failures = allowed_failures  # deaths under a task before KilledWorker
         self.worker_ttl = worker_ttl  # seconds without a heartbeat before a worker is removed
+        self.interrupt_grace = interrupt_grace  # then a force-cancelled stuck task restarts it
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.security = _cluster_security(security, token)
         self.nanny = nanny and processes
@@ -179,6 +182,7 @@ class LocalCluster:
             self._dir,
             *(["--validate"] if self.validate else []),
             *(["--resources", _format_resources(self.resources)] if self.resources else []),
+            *("--interrupt-grace", str(self.interrupt_grace)),
         )
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
@@ -235,6 +239,7 @@ class LocalCluster:
                     resources=self.resources,
                     security=self.security,
                     memory_limit=self.memory_limit,
+                    interrupt_grace=self.interrupt_grace,
                     # the process's memory is every worker's: only the target applies
                     memory_fractions=self.memory_fractions._replace(
                         spill=None, pause=None, terminate=None

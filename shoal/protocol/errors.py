@@ -22,3 +22,15 @@ class KilledWorker(Exception):
 
     def __reduce__(self) -> Any:
         return (KilledWorker, (self.key, self.workers, self.allowed_failures))
+
+
+class TaskInterrupted(BaseException):
+    """Raised inside a running task's thread when the task is cancelled with
+    ``client.cancel(futures, force=True)``.
+
+    A ``BaseException`` (as ``KeyboardInterrupt``), so that ``except Exception:`` in a
+    task does not swallow it; ``finally`` blocks and ``with`` exits run as usual. It is
+    delivered only while the thread runs Python bytecode: a task blocked in C (a
+    ``time.sleep``, a lock, I/O, a C extension holding the GIL or not) sees it only once
+    it returns to Python, and the worker is restarted if that takes longer than the
+    grace period. Its future is cancelled already: nobody sees this error as a result."""

@@ -21,9 +21,12 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-# 5: a task erred because a dependency's data cannot be had names it (TaskErred.blamed);
+# 5: WorkerLeaving (a worker asks to be retired or removed: SIGTERM, a restart).
+# 6: ReleaseCompute / ComputeReleased (a released task's thread counts busy until it
+#    ends) and CancelKeys.force (interrupt running tasks).
+# 7: a task erred because a dependency's data cannot be had names it (TaskErred.blamed);
 #    keys are never NaN, nor hold None or bools (as Dask); results carry their run_id.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 7
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -209,6 +212,9 @@ class ReleaseKeys(Message):
 class CancelKeys(Message):
     keys: list[Key]
     stimulus_id: str = ""
+    # Interrupt the tasks this cancel releases while they run (an exception raised in
+    # their threads; the worker is restarted if one does not stop within a grace period).
+    force: bool = False
 
 
 class WantKeys(Message):
@@ -407,6 +413,21 @@ class FreeKeys(Message):
     stimulus_id: str = ""
 
 
+class ReleaseCompute(Message):
+    """Scheduler -> worker: ``key`` is no longer to be computed here (it was processing
+    here and was released: cancelled, or no longer needed). The worker drops it as for
+    FreeKeys. With ``drain``, the scheduler counts one of this worker's threads busy
+    until the worker answers :class:`ComputeReleased` for it, exactly once: at once if
+    no thread counted here runs the task, else when that thread ends or secedes, or when
+    a ComputeTask for the key takes the running execution over again. With
+    ``interrupt``, a thread still running the task is interrupted (``force=True``)."""
+
+    key: Key
+    drain: bool = True
+    interrupt: bool = False
+    stimulus_id: str = ""
+
+
 # --- worker -> scheduler ---------------------------------------------------------
 
 
@@ -424,6 +445,14 @@ class TaskFinished(Message):
 class TaskSeceded(Message):
     """The task runs on but waits on other tasks (it seceded): the scheduler stops
     counting it against the worker's threads, so that the tasks it waits on can run."""
+
+    key: Key
+    stimulus_id: str = ""
+
+
+class ComputeReleased(Message):
+    """Worker -> scheduler: the answer to a ReleaseCompute with ``drain``: that execution
+    of ``key`` holds none of this worker's threads any more."""
 
     key: Key
     stimulus_id: str = ""
@@ -531,6 +560,17 @@ class WorkerExited(Message):
     stimulus_id: str = ""
 
 
+class WorkerLeaving(Message):
+    """Worker -> scheduler: this worker is going away on its own (SIGTERM, a restart it
+    wants). ``retire``: copy the results only it holds to other workers first; else
+    remove it at once. Either way its running tasks go elsewhere, nothing counts as a
+    failure, and the scheduler answers ``CloseWorker`` once it is done with it."""
+
+    reason: str
+    retire: bool = True
+    stimulus_id: str = ""
+
+
 class KeyUnserializable(Message):
     """Worker -> scheduler: the result of ``key`` could not be pickled (to send it or to
     spill it). The scheduler errs the task with ``reason``; the worker has dropped it."""
@@ -588,6 +628,8 @@ AnyMessage = (
     | FunctionDefs
     | ComputeTask
     | FreeKeys
+    | ReleaseCompute
+    | ComputeReleased
     | TaskFinished
     | TaskSeceded
     | TaskErred
@@ -601,6 +643,7 @@ AnyMessage = (
     | HeartbeatReply
     | WorkerStatus
     | WorkerExited
+    | WorkerLeaving
     | KeyUnserializable
     | RetireWorkers
     | RetireReply

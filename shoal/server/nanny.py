@@ -10,10 +10,18 @@
   scheduler (a crash loop at startup) the nanny gives up and exits 1. A worker that had
   joined starts the count afresh: a task that keeps killing workers is the scheduler's
   to stop (KilledWorker), and a nanny that gave up would leave the cluster short.
+- A worker that exits with ``EXIT_RESTART`` left the scheduler on purpose (SIGTERM to
+  the worker: it handed off its results first) and wants a fresh process: it is
+  started again at once under the same name, reported (``WorkerExited``, restarting,
+  with the reason it wrote to its restart file), and not counted as a crash.
 - A normal exit (the worker lost its scheduler, or was told to close) ends the nanny too.
-- Past ``terminate * memory_limit`` of process memory the worker gets SIGTERM, then
-  SIGKILL after ``kill_grace`` seconds if it is still there; then it is restarted.
-- SIGTERM or SIGINT to the nanny is forwarded to the worker; the nanny then exits.
+- Past ``terminate * memory_limit`` of process memory the worker gets SIGINT (close
+  at once: a worker short of memory hands nothing off, and its tasks count it as a
+  death), then SIGKILL after ``kill_grace`` seconds if it is still there; then it is
+  restarted.
+- SIGTERM or SIGINT to the nanny ends both: the worker gets SIGINT, and SIGKILL if it
+  is still there after ``stop_grace`` seconds (its running tasks' threads may take
+  that long); the nanny then exits.
 """
 
 from __future__ import annotations
@@ -37,12 +45,14 @@ from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, connect
 from shoal.protocol import messages as m
+from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.framing import Frame
 
 logger = logging.getLogger("shoal.nanny")
 
 POLL_INTERVAL = 0.1  # seconds between looks at the worker's exit and memory
 STOP_GRACE = 8.0  # a worker told to stop may finish its running tasks' threads (5 s)
+STOP_SIGNAL = signal.SIGINT  # to the worker: close at once (SIGTERM would hand off first)
 
 
 def describe_exit(code: int) -> str:
@@ -68,6 +78,7 @@ class Nanny:
         restart_window: float = 60.0,
         timeout: float = 60.0,
         security: Security | None = None,
+        stop_grace: float = STOP_GRACE,
     ):
         self.security = security or Security()  # the worker gets it through its environment
         self.scheduler_address = scheduler_address
@@ -79,6 +90,7 @@ class Nanny:
         self.max_restarts = max_restarts
         self.restart_window = restart_window
         self.timeout = timeout
+        self.stop_grace = stop_grace
         self.directory = tempfile.mkdtemp(
             prefix=f"shoal-nanny-{name}-", dir=local_directory or tempfile.gettempdir()
         )
@@ -99,10 +111,19 @@ class Nanny:
                 await self._start_worker()
                 code = await self._watch()
                 address = self._read_address()
+                wanted = self._read_file(self._restart_file) if code == EXIT_RESTART else ""
                 self._clean_directory()
                 reason = self._memory_killed or describe_exit(code)
                 if self._stopping.is_set():
                     return 0
+                if code == EXIT_RESTART and address and not self._memory_killed:
+                    # It left the scheduler on purpose and asks for a fresh process.
+                    reason = f"restarting as it asked: {wanted or 'no reason given'}"
+                    logger.info("worker %s (%s) %s", self.name, address, reason)
+                    self._report(address, reason, True)
+                    recent.clear()
+                    self.restarts += 1
+                    continue
                 if code == 0 and not self._memory_killed:
                     logger.info("worker %s exited normally; the nanny exits too", self.name)
                     return 0
@@ -146,6 +167,7 @@ class Nanny:
     async def _start_worker(self) -> None:
         self._memory_killed = ""
         self._address_file = os.path.join(self.directory, "address")
+        self._restart_file = os.path.join(self.directory, "restart-reason")
         cmd = [
             sys.executable,
             "-m",
@@ -162,6 +184,8 @@ class Nanny:
             str(os.getpid()),
             "--address-file",
             self._address_file,
+            "--restart-file",
+            self._restart_file,
             "--timeout",
             str(self.timeout),
         ]
@@ -188,7 +212,7 @@ class Nanny:
             if killing is not None:
                 continue
             if self._stopping.is_set():
-                killing = asyncio.ensure_future(self._kill(proc, STOP_GRACE))
+                killing = asyncio.ensure_future(self._kill(proc, self.stop_grace))
                 continue
             if limit is None:
                 continue
@@ -205,17 +229,19 @@ class Nanny:
                 killing = asyncio.ensure_future(self._kill(proc, self.kill_grace))
 
     async def _kill(self, proc: asyncio.subprocess.Process, grace: float) -> None:
-        """SIGTERM, then SIGKILL if the worker is still there after ``grace`` seconds."""
+        """SIGINT (close at once), then SIGKILL if the worker is still there after
+        ``grace`` seconds."""
         if proc.returncode is not None:
             return
+        name = STOP_SIGNAL.name
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(STOP_SIGNAL)
         try:
             await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:
-            logger.warning("worker %s ignored SIGTERM for %.1fs: SIGKILL", self.name, grace)
+            logger.warning("worker %s ignored %s for %.1fs: SIGKILL", self.name, name, grace)
             if self._memory_killed:
-                self._memory_killed += f"; it ignored SIGTERM for {grace:g}s: SIGKILL"
+                self._memory_killed += f"; it ignored {name} for {grace:g}s: SIGKILL"
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
@@ -223,14 +249,18 @@ class Nanny:
     async def _stop_worker(self) -> None:
         proc = self.process
         if proc is not None and proc.returncode is None:
-            await self._kill(proc, STOP_GRACE)
+            await self._kill(proc, self.stop_grace)
 
     def _read_address(self) -> str:
+        return self._read_file(self._address_file)  # none: it died before it connected
+
+    @staticmethod
+    def _read_file(path: str) -> str:
         try:
-            with open(self._address_file) as f:
+            with open(path) as f:
                 return f.read().strip()
         except OSError:
-            return ""  # it died before it connected
+            return ""
 
     def _clean_directory(self) -> None:
         """Remove what the last worker left in its directory (its spill files)."""

@@ -30,6 +30,7 @@ from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
 from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
+from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
 from shoal.core.worker_state import (
     Execute,
     ExecuteFailure,
@@ -37,8 +38,11 @@ from shoal.core.worker_state import (
     GatherDep,
     GatherFailure,
     GatherSuccess,
+    Interrupt,
+    InterruptExpired,
     Pause,
     Rejoin,
+    RestartWorker,
     ResumeThread,
     Secede,
     SendMessage,
@@ -49,6 +53,7 @@ from shoal.core.worker_state import (
     WorkerState,
 )
 from shoal.protocol import messages as m
+from shoal.protocol.errors import TaskInterrupted
 from shoal.protocol.framing import Frame, ProtocolError, message_buffers
 from shoal.protocol.messages import check_resources
 from shoal.protocol.serialize import (
@@ -61,6 +66,7 @@ from shoal.protocol.serialize import (
     loads_values,
     sizeof,
 )
+from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
@@ -68,6 +74,9 @@ from shoal.server.spill import SpillBuffer
 logger = logging.getLogger("shoal.worker")
 
 GATHER_TIMEOUT = 60.0
+# How long a leaving worker waits for the scheduler to let it go (its results copied
+# off) before it closes anyway: what is not copied by then is recomputed.
+LEAVE_TIMEOUT = 30.0
 
 # The task a thread runs: ``worker`` and ``key`` while it runs one, and ``seceded`` once
 # it has left the thread count (it then ends with its task; another thread took its slot).
@@ -78,6 +87,23 @@ def current_task() -> tuple[Worker, Any] | None:
     """(worker, key) of the task this thread runs, if it runs one."""
     worker = getattr(_current, "worker", None)
     return None if worker is None else (worker, _current.key)
+
+
+_SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys)
+
+
+def _interrupted(key: Any, e: TaskInterrupted, start: float) -> ExecuteFailure:
+    """The result of a task interrupted outside its own ``try`` (or before it started):
+    it was cancelled, so this result is dropped."""
+    stop = time.time()
+    return ExecuteFailure(
+        key=key,
+        exception=dumps_exception(e),
+        traceback="",
+        start=start,
+        stop=stop,
+        stimulus_id=f"task-interrupted-{stop}",
+    )
 
 
 class Worker:
@@ -97,6 +123,8 @@ class Worker:
         security: Security | None = None,
         memory_fractions: MemoryFractions | None = None,
         local_directory: str | None = None,
+        under_nanny: bool = False,
+        interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -113,6 +141,12 @@ class Worker:
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
         self.scheduler_timeout = scheduler_timeout
         self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
+        self.under_nanny = under_nanny  # a nanny starts a new process if it exits to restart
+        self.interrupt_grace = interrupt_grace  # then a stuck interrupted thread restarts us
+        self._task_threads = TaskThreads()  # which thread runs which task (to interrupt it)
+        self._stuck: set[Any] = set()  # tasks whose threads did not stop when interrupted
+        self.leaving = ""  # why it told the scheduler it leaves (WorkerLeaving), if it did
+        self.restart = False  # the process should exit with EXIT_RESTART (its nanny restarts it)
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
         # Spill files go here; removed on close (and by the nanny, should we die).
@@ -128,7 +162,10 @@ class Worker:
             lambda: m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address),
             security=self.security,
         )
-        self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload] | None] = queue.SimpleQueue()
+        # (key, function id, arguments, the mark TaskThreads.queued gave it), None: end
+        self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload, list[bool]] | None] = (
+            queue.SimpleQueue()
+        )
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # seceding tasks add threads
         self._thread_numbers = itertools.count()
@@ -140,6 +177,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self._close_done = asyncio.Event()  # close() has finished (threads joined, files gone)
         self._stimulus = itertools.count(1)
 
     # ---------------------------------------------------------------- lifecycle
@@ -217,15 +255,51 @@ class Worker:
             self.scheduler.close()
         self._peers.close()
         for task in list(self._background):
-            task.cancel()
+            if task is not asyncio.current_task():  # close itself may run in one
+                task.cancel()
         for t in threads:
             await asyncio.to_thread(t.join, 5)
         if self._spill is not None:
             self._spill.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)
+        self._close_done.set()
 
     async def finished(self) -> None:
+        """Wait until the worker is closed, and done closing."""
         await self._closed.wait()
+        await self._close_done.wait()
+
+    async def leave(
+        self, reason: str, retire: bool = True, restart: bool = False, timeout: float | None = None
+    ) -> None:
+        """Go away on purpose: tell the scheduler (``WorkerLeaving``), which moves the
+        running tasks elsewhere and, with ``retire``, copies the results only this
+        worker holds to others; it then answers ``CloseWorker`` and this worker closes
+        (or closes anyway after ``timeout``, LEAVE_TIMEOUT by default). Nothing counts
+        as a failure. ``restart``: the process then exits with ``EXIT_RESTART``, for
+        its nanny to start a fresh one under the same name (see ``under_nanny``)."""
+        self.restart = self.restart or restart
+        if self._closed.is_set() or self.leaving:
+            return
+        self.leaving = reason
+        conn = self.scheduler
+        if conn is not None and not conn.closed:
+            logger.info("worker %s leaves: %s", self.address, reason)
+            sid = f"worker-leaving-{next(self._stimulus)}"
+            conn.send(m.WorkerLeaving(reason, retire, sid))
+            wait = LEAVE_TIMEOUT if timeout is None else timeout
+            try:
+                await asyncio.wait_for(self._closed.wait(), wait)
+            except TimeoutError:
+                logger.warning("the scheduler did not let %s go within %gs", self.address, wait)
+        await self.close(f"left: {reason}")
+
+    def on_sigterm(self) -> None:
+        """SIGTERM (preemption, a resilience test): leave gracefully, handing off the
+        results only this worker holds; under a nanny, to be restarted afresh."""
+        if not self._closed.is_set():
+            self._spawn(self.leave("received SIGTERM", retire=True, restart=self.under_nanny))
+            # (close() cancels the other background tasks, never the one it runs in)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
@@ -276,7 +350,7 @@ class Worker:
         for msg in frame.messages:
             if type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
-            elif type(msg) is m.ComputeTask or type(msg) is m.FreeKeys or type(msg) is m.CopyKeys:
+            elif type(msg) in _SCHEDULER_EVENTS:
                 events.append(msg)
             elif type(msg) is m.CloseWorker:
                 logger.info("the scheduler closes this worker: %s", msg.reason)
@@ -304,6 +378,10 @@ class Worker:
                     event = self._rejoins.pop(inst.key, None)
                 if event is not None:
                     event.set()
+            elif isinstance(inst, Interrupt):
+                self._interrupt(inst)
+            elif isinstance(inst, RestartWorker):
+                self._restart_stuck(inst)
             else:  # pragma: no cover - a new instruction the shell does not know
                 raise TypeError(f"unknown instruction {inst!r}")
 
@@ -326,7 +404,44 @@ class Worker:
             )
             self._push_result(event)
         else:
-            self._queue.put((key, func_id, payload))
+            self._queue.put((key, func_id, payload, self._task_threads.queued(key)))
+
+    # ---------------------------------------------------------------- interrupting tasks
+
+    def _interrupt(self, inst: Interrupt) -> None:
+        """Raise TaskInterrupted in the thread running ``inst.key``; check on it after
+        the grace period."""
+        where = self._task_threads.interrupt(inst.key)
+        logger.info("interrupting task %r (%s)", inst.key, where or "already over")
+        if self._loop is not None:
+            self._loop.call_later(self.interrupt_grace, self._interrupt_expired, inst)
+
+    def _interrupt_expired(self, inst: Interrupt) -> None:
+        if self._closed.is_set():
+            return
+        self._drain_results()  # a thread that has just ended says so first
+        sid = f"interrupt-expired-{next(self._stimulus)}"
+        self._handle([InterruptExpired(inst.key, inst.interrupt_id, sid)])
+
+    def _restart_stuck(self, inst: RestartWorker) -> None:
+        """A thread did not return within the grace period after its interrupt: restart
+        through the nanny (its results handed off first, nothing counted as a failure);
+        without a nanny nothing can stop it: say so (its slot stays counted busy)."""
+        if self.under_nanny:
+            if not self.leaving and not self._closed.is_set():
+                logger.warning(
+                    "%s within %gs: restarting this worker", inst.reason, self.interrupt_grace
+                )
+                self._spawn(self.leave(inst.reason, retire=True, restart=True))
+        elif inst.reason not in self._stuck:
+            self._stuck.add(inst.reason)
+            logger.error(
+                "%s within %gs, and this worker has no nanny to restart it: that thread "
+                "stays busy (and counted busy by the scheduler) until it returns. Run "
+                "workers with a nanny (shoal worker --nanny) to have them restarted.",
+                inst.reason,
+                self.interrupt_grace,
+            )
 
     def _start_thread(self) -> None:
         with self._threads_lock:
@@ -388,6 +503,7 @@ class Worker:
         assert self.state is not None
         resolve = self.state.data.__getitem__
         coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
+        threads, slot = self._task_threads, ThreadSlot()
         while True:
             item = self._queue.get()
             if item is None:
@@ -396,9 +512,20 @@ class Worker:
                 return
             # Nothing of a task (arguments, result) stays referenced here while the thread
             # waits for the next one: the worker may drop or spill it meanwhile.
-            _current.worker, _current.key, _current.seceded = self, item[0], False
+            key, func_id, payload, mark = item
+            _current.worker, _current.key, _current.seceded = self, key, False
+            start = time.time()
             try:
-                result = self._run_one(*item, resolve, coroutines)
+                # TaskInterrupted (force-cancel) is raised in this thread only between
+                # start and end, and only for this task (see shoal/server/interrupt.py).
+                try:
+                    if not threads.start(key, mark, slot):
+                        raise TaskInterrupted("cancelled before it started")
+                    result = self._run_one(key, func_id, payload, resolve, coroutines)
+                except TaskInterrupted as e:  # outside the task's own try
+                    result = _interrupted(key, e, start)
+                if threads.end(key, slot):
+                    result = _interrupted(key, TaskInterrupted(), start)
             finally:
                 _current.worker = _current.key = None
             self._push_result(result)
@@ -441,6 +568,10 @@ class Worker:
                 stimulus_id=f"task-finished-{stop}",
             )
         except BaseException as e:  # a failing task errs its future, never the worker
+            if type(e) is TaskInterrupted and coroutines:  # its loop may hold the coroutine
+                for runner in coroutines:
+                    runner.close()
+                coroutines.clear()
             stop = time.time()
             return ExecuteFailure(
                 key=key,

@@ -16,12 +16,14 @@ from shoal.core.scheduler_model import TaskState, WorkerRecord
 from shoal.protocol.messages import (
     AddKeys,
     CancelKeys,
+    ComputeReleased,
     ComputeTask,
     FreeKeys,
     Key,
     Message,
     MissingData,
     Payload,
+    ReleaseCompute,
     ReleaseKeys,
     ScatterDone,
     SubmitTasks,
@@ -159,10 +161,18 @@ class Sim:
     def missing(self, key: Key, *missing: Key, sid: str = "missing") -> None:
         self.s.handle_worker(self.worker_of(key), MissingData(key, list(missing), sid))
 
+    def drain_all(self) -> None:
+        """Every worker answers for every released task its threads were running."""
+        for address, ws in list(self.s.workers.items()):
+            for key, n in list(ws.draining.items()):
+                self.drained(address, *[key] * n)
+
     def run_all(self, limit: int = 10_000) -> list[Key]:
-        """Finish processing tasks (in key order) until none is left; the keys run."""
+        """Finish processing tasks (in key order) until none is left, the workers
+        answering for released tasks as they go; the keys run."""
         done = []
         for _ in range(limit):
+            self.drain_all()
             processing = sorted(self.processing(), key=repr)
             if not processing:
                 return done
@@ -206,7 +216,19 @@ class Sim:
         return [msg.key for msg in self.to_worker(address) if isinstance(msg, ComputeTask)]
 
     def freed(self, address: str) -> list[Key]:
-        return [k for msg in self.to_worker(address) if isinstance(msg, FreeKeys) for k in msg.keys]
+        """Keys ``address`` was told to drop (FreeKeys, or ReleaseCompute of a task it
+        was processing) since the last take, in order."""
+        out: list[Key] = []
+        for msg in self.to_worker(address):
+            if isinstance(msg, FreeKeys):
+                out.extend(msg.keys)
+            elif isinstance(msg, ReleaseCompute):
+                out.append(msg.key)
+        return out
+
+    def drained(self, address: str, *keys: Key, sid: str = "drained") -> None:
+        """``address`` answers that its threads no longer run these released keys."""
+        self.s.handle_worker(address, *(ComputeReleased(k, sid) for k in keys))
 
     def clear(self) -> None:
         self.comm.clear()

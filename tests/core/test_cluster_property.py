@@ -47,6 +47,7 @@ from shoal.protocol.messages import (
     KeyUnserializable,
     Message,
     Payload,
+    ReleaseCompute,
     TaskRestrictions,
 )
 
@@ -141,7 +142,7 @@ class Cluster:
     def step(self, action: str, address: str) -> None:
         if action == "deliver-to-worker":
             msg = self.to_worker[address].popleft()
-            if isinstance(msg, ComputeTask | FreeKeys | CopyKeys):
+            if isinstance(msg, ComputeTask | FreeKeys | ReleaseCompute | CopyKeys):
                 self.worker_handles(address, msg)
             else:
                 assert isinstance(msg, FunctionDefs), msg
@@ -210,7 +211,8 @@ class Cluster:
                     assert ws.data[ts.key] == Value(ts.key, self.kinds[ts.key])
                 else:
                     leaving = any(
-                        isinstance(msg, FreeKeys) and ts.key in msg.keys
+                        (isinstance(msg, FreeKeys) and ts.key in msg.keys)
+                        or (isinstance(msg, ReleaseCompute) and ts.key == msg.key)
                         for msg in self.to_worker[wr.address]
                     ) or any(
                         isinstance(msg, KeyUnserializable) and msg.key == ts.key

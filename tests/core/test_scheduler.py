@@ -22,6 +22,7 @@ from shoal.protocol.messages import (
     FunctionDefs,
     KeyInMemory,
     Payload,
+    ReleaseCompute,
     SubmitTasks,
     TaskSpec,
 )
@@ -135,12 +136,16 @@ def test_processing_to_released_frees_the_worker():
     sim.clear()
     sim.release("a", sid="rel")
     assert sim.s.tasks == {}
-    assert sim.to_worker(W1) == [FreeKeys(["a"], "rel")]
+    assert sim.to_worker(W1) == [ReleaseCompute("a", True, False, "rel")]
     assert sim.ws(W1).processing == set() and sim.ws(W1).occupancy == 0
     assert story(sim, "a")[-2:] == [
         ("processing", "released", "rel"),
         ("released", "forgotten", "rel"),
     ]
+    # its thread counts busy until the worker says it is free
+    assert sim.ws(W1).draining == {"a": 1} and sim.ws(W1) not in sim.s.free_workers
+    sim.drained(W1, "a")
+    assert sim.ws(W1).draining == {} and sim.ws(W1) in sim.s.free_workers
     # the worker's late answer is stale: it is told to drop the result
     sim.finish("a", worker=W1, sid="late")
     assert sim.to_worker(W1) == [FreeKeys(["a"], "late")]
@@ -194,15 +199,14 @@ def test_two_step_paths_to_forgotten_go_through_released(start):
     sim = Sim()
     sim.submit({"busy1": [], "busy2": []})  # fill the worker's slots
     dag = {"x": []} if start in ("queued", "processing", "memory", "erred") else {"x": ["busy1"]}
-    if start == "processing":
+    if start in ("processing", "memory", "erred"):
         sim.release("busy1", "busy2")
+        if start == "processing":
+            sim.drained(W1, "busy1", "busy2")
     sim.submit(dag, sid="sub")
-    if start == "memory":
-        sim.release("busy1", "busy2")
-        sim.finish("x")
-    elif start == "erred":
-        sim.release("busy1", "busy2")
-        sim.fail("x")
+    if start in ("memory", "erred"):
+        sim.drained(W1, "busy1", "busy2")
+        (sim.finish if start == "memory" else sim.fail)("x")
     assert sim.state("x") == start
     sim.release("x", sid="rel")
     assert sim.state("x") == "forgotten"

@@ -15,6 +15,7 @@ from shoal.protocol.messages import (
     KeyCancelled,
     KeyErred,
     KeyInMemory,
+    ReleaseCompute,
 )
 
 TB = "Traceback ..."
@@ -380,7 +381,7 @@ def test_cancel_stops_running_work():
     sim.cancel("b", sid="x")
     assert sorted(m.key for m in sim.to_client()) == ["b", "c"]
     assert sim.states() == {"a": "memory"}
-    assert sim.to_worker(W1) == [FreeKeys(["b"], "x")]
+    assert sim.to_worker(W1) == [ReleaseCompute("b", True, False, "x")]
 
 
 def test_cancel_of_an_unknown_key_does_nothing():
@@ -453,7 +454,7 @@ def test_scattered_data_lost_stops_a_dependent_running_elsewhere():
     sim.clear()
     sim.remove_worker(W1, sid="gone")
     assert sim.state("s") == sim.state("t") == "erred"
-    assert sim.to_worker(W2)[0] == FreeKeys(["t"], "gone")
+    assert sim.to_worker(W2)[0] == ReleaseCompute("t", True, False, "gone")
     assert erred_from(sim.to_client()) == {"s": None, "t": "s"}
 
 

@@ -19,6 +19,7 @@ from shoal.protocol.messages import (
     KeyUnserializable,
     RetireReply,
     RetireWorkers,
+    WorkerLeaving,
     WorkerStatus,
 )
 from shoal.protocol.serialize import SerializationError
@@ -314,3 +315,145 @@ def test_retiring_worker_that_dies_is_reported_refused_and_its_data_recomputed()
     assert reply.retired == [] and "it left before retiring" in reply.refused[src]
     assert sim.state("a") == "processing"  # recomputed elsewhere
     assert not any(isinstance(m, KeyInMemory) for m in sim.to_client())
+
+
+# --- workers leaving on their own (WorkerLeaving: SIGTERM, a restart) -----------------
+
+
+def leave(sim: Sim, worker: str, retire: bool = True, sid: str = "leaving") -> None:
+    sim.s.handle_worker(worker, WorkerLeaving("received SIGTERM", retire, sid))
+
+
+def copies_to(sim: Sim, *workers: str) -> dict[str, list]:
+    return {
+        w: [d.key for m in sim.comm.workers.get(w, []) if isinstance(m, CopyKeys) for d in m.deps]
+        for w in workers
+    }
+
+
+def test_leaving_worker_hands_off_its_data_then_is_closed():
+    sim = Sim({W1: 1, W2: 1})
+    sim.submit({"a": [], "b": []})
+    sim.finish("a", nbytes=100)
+    sim.finish("b", nbytes=100)
+    src = next(iter(sim.ts("a").who_has)).address
+    dst = W2 if src == W1 else W1
+    sim.clear()
+    leave(sim, src)
+    assert sim.s.workers[src].status == "retiring" and src not in sim.s.runnable
+    unique = sorted(ts.key for ts in sim.s.workers[src].has_what)
+    assert sorted(copies_to(sim, dst)[dst]) == unique
+    assert src in sim.s.workers  # not before its data is safe
+    sim.submit({"c": []})
+    assert sim.worker_of("c") == dst  # nothing new for the leaving worker
+    sim.clear()
+    sim.add_keys(dst, dict.fromkeys(unique, 100))
+    assert src not in sim.s.workers
+    [close] = sim.to_worker(src)
+    assert isinstance(close, CloseWorker)
+    assert sim.state("a") == sim.state("b") == "memory"  # nothing recomputed
+    assert {ts.address for k in "ab" for ts in sim.ts(k).who_has} == {dst}
+    assert sim.s.suspicious == {} and sim.s.leaving == {}
+    assert not any(isinstance(m, RetireReply) for m in sim.to_client())  # nobody asked
+
+
+def test_leaving_worker_gives_up_its_running_tasks_at_once_and_they_count_no_death():
+    sim = Sim({W1: 1, W2: 1})
+    sim.s.allowed_failures = 0  # a single counted death would err the task
+    sim.submit({"x": [], "y": []})
+    src = sim.worker_of("x")
+    dst = W2 if src == W1 else W1
+    sim.clear()
+    leave(sim, src, sid="sigterm-1")
+    assert "x" in sim.freed(src)  # its copy of the task is dropped
+    assert sim.on(dst) == {"x", "y"}  # gone elsewhere at once
+    assert sim.s.workers.get(src) is None  # no data: closed at once
+    # its connection then drops: still not a death, nothing erred
+    sim.remove_worker(src)
+    assert sim.s.suspicious == {}
+    sim.run_all()
+    assert sim.state("x") == sim.state("y") == "memory"
+
+
+def test_connection_dropping_while_handing_off_is_not_a_death():
+    sim = Sim({W1: 1, W2: 1})
+    sim.s.allowed_failures = 0
+    sim.submit({"a": []})
+    src = sim.worker_of("a")
+    sim.finish("a")
+    sim.submit({"x": []})
+    where = sim.worker_of("x")
+    leave(sim, where)
+    if where == src:  # it still holds "a": not closed yet
+        assert src in sim.s.workers and src in sim.s.leaving
+    sim.remove_worker(where)  # the process exits before the copy arrived
+    assert sim.s.suspicious == {} and sim.s.leaving == {} and sim.s.retiring == {}
+    sim.run_all()
+    assert sim.state("a") == sim.state("x") == "memory"
+
+
+def test_leaving_without_retiring_removes_the_worker_now():
+    sim = Sim({W1: 1, W2: 1})
+    sim.s.allowed_failures = 0
+    sim.submit({"a": []})
+    src = sim.worker_of("a")
+    sim.finish("a")
+    sim.submit({"x": ["a"], "y": []})
+    sim.clear()
+    leave(sim, src, retire=False, sid="restart-1")
+    assert src not in sim.s.workers and sim.s.leaving == {}
+    msgs = sim.to_worker(src)
+    assert isinstance(msgs[-1], CloseWorker) and "removed as it asked" in msgs[-1].reason
+    assert msgs[-1].stimulus_id == "restart-1"
+    assert copies_to(sim, W1, W2) == {W1: [], W2: []}  # no hand-off
+    assert sim.s.suspicious == {}
+    sim.run_all()  # "a" was lost with it: recomputed
+    assert {k: sim.state(k) for k in "axy"} == dict.fromkeys("axy", "memory")
+    assert not any(isinstance(m, KeyErred) for m in sim.to_client())
+
+
+def test_last_worker_leaving_goes_at_once_and_its_work_waits_for_the_next():
+    sim = Sim({W1: 2})
+    sim.submit({"a": []})
+    sim.finish("a")
+    sim.submit({"b": ["a"], "c": []})
+    sim.clear()
+    leave(sim, W1)  # nobody can take "a": it is lost with the worker, not kept waiting
+    assert W1 not in sim.s.workers
+    assert [type(m) for m in sim.to_worker(W1)][-1] is CloseWorker
+    sim.add_worker(W2)  # the nanny's new worker
+    sim.run_all()
+    assert {k: sim.state(k) for k in "abc"} == dict.fromkeys("abc", "memory")
+    assert sim.s.suspicious == {}
+
+
+def test_every_worker_leaving_at_once_with_work_submitted_finishes_on_new_workers():
+    sim = Sim({W1: 1, W2: 1, W3: 1})
+    sim.s.allowed_failures = 0
+    dag = {f"t{i}": [] for i in range(12)}
+    dag.update({f"s{i}": [f"t{i}", f"t{(i + 1) % 12}"] for i in range(12)})
+    sim.submit(dag)
+    for key in sorted(sim.processing())[:2]:
+        sim.finish(key)
+    for w in (W1, W2, W3):
+        leave(sim, w, sid=f"sigterm-{w}")
+    for w in (W1, W2, W3):  # their processes exit (closed, or not yet)
+        sim.remove_worker(w)
+    assert sim.s.workers == {} and sim.s.suspicious == {}
+    for n in (4, 5):
+        sim.add_worker(addr(n))
+    sim.run_all()
+    assert set(sim.states().values()) == {"memory"}
+
+
+def test_a_late_result_from_a_leaving_worker_is_harmless():
+    sim = Sim({W1: 1, W2: 1})
+    sim.submit({"x": []})
+    src = sim.worker_of("x")
+    dst = W2 if src == W1 else W1
+    leave(sim, src)
+    sim.finish("x", worker=dst)
+    # the old thread finished too and reports after it was let go: ignored
+    sim.finish("x", worker=src)
+    assert sim.state("x") == "memory"
+    assert {ws.address for ws in sim.ts("x").who_has} == {dst}

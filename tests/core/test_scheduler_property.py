@@ -9,10 +9,16 @@ right reason; once every client lets go, nothing may be left anywhere.
 Tasks may carry restrictions (a worker by address, name or host, loose or strict, and
 GPUs): the worker models check that each task runs where it may and that no worker runs
 more GPU tasks at once than it has GPUs.
+
+Processing tasks are cancelled and released at random, and keys wanted again: each
+worker model keeps the answers (ComputeReleased) it owes for the released tasks it may
+still be running, and gives them back one at a time in any order; the scheduler must
+count exactly those threads busy, and give them back as the answers come.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +35,7 @@ from shoal.protocol.messages import (
     KeyInMemory,
     MissingData,
     ProgressCounts,
+    ReleaseCompute,
     TaskRestrictions,
     WatchProgress,
 )
@@ -36,8 +43,10 @@ from shoal.protocol.messages import (
 CLIENTS = ("c1", "c2")
 STEPS = (
     *("finish", "finish", "finish", "fail", "add", "remove", "release", "cancel", "copy"),
-    *("miss", "watch"),
+    *("miss", "watch", "drained", "drained", "rewant", "stop", "stop"),
 )
+# Cancels of running tasks, the same keys submitted again, answers in any order.
+CANCEL_STEPS = ("finish", "stop", "stop", "rewant", "rewant", "drained", "remove", "add")
 # Restrictions a task may draw; workers 1 and 2 are added back at the end if they left,
 # so that every task can run. Worker n has n % 3 GPUs.
 RESTRICTIONS = (
@@ -71,7 +80,7 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw) -> Scenario:
+def scenarios(draw, kinds: tuple[str, ...] = STEPS) -> Scenario:
     n = draw(st.integers(1, 30))
     deps = [sorted(draw(st.sets(st.integers(0, i - 1), max_size=3))) if i else [] for i in range(n)]
     retries = draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=n, max_size=n))
@@ -80,7 +89,7 @@ def scenarios(draw) -> Scenario:
         "c1": draw(st.sets(st.integers(0, n - 1), min_size=1)),
         "c2": draw(st.sets(st.integers(0, n - 1))),
     }
-    steps = draw(st.lists(st.tuples(st.sampled_from(STEPS), st.integers(0, 10**6)), max_size=80))
+    steps = draw(st.lists(st.tuples(st.sampled_from(kinds), st.integers(0, 10**6)), max_size=80))
     choices = st.sampled_from([0, 0, 0, *range(1, len(RESTRICTIONS))])
     restrict = draw(st.lists(choices, min_size=n, max_size=n))
     return Scenario(deps, retries, workers, wanted, steps, restrict)
@@ -96,6 +105,7 @@ class WorkerModel:
     data: set[str] = field(default_factory=set)
     functions: set[str] = field(default_factory=set)
     gpus: float = 0.0
+    drains: list[str] = field(default_factory=list)  # ComputeReleased answers owed
 
 
 class Run:
@@ -113,6 +123,7 @@ class Run:
         self.nworkers = 0
         self.failed: set[str] = set()  # failed for good (no retry left), at some point
         self.last_failed: set[str] = set()  # whose latest outcome is such a failure
+        self.stopped: list[str] = []  # keys cancelled while they were processing
         self.wants = {c: {self.keys[i] for i in sc.wanted[c]} for c in CLIENTS}
         self.restrictions = {
             k: RESTRICTIONS[r] for k, r in zip(self.keys, sc.restrict) if RESTRICTIONS[r]
@@ -148,6 +159,11 @@ class Run:
                         assert dep.who_has, f"{msg.key} sent with {dep.key} held nowhere"
                     self.check_placement(msg, address)
                     model.running.add(msg.key)
+                elif isinstance(msg, ReleaseCompute):
+                    assert msg.key in model.running, msg  # only what it runs
+                    model.running.discard(msg.key)
+                    if msg.drain:
+                        model.drains.append(msg.key)
                 else:
                     assert isinstance(msg, FreeKeys), msg
                     model.running.difference_update(msg.keys)
@@ -156,6 +172,9 @@ class Run:
             held = sum(self.gpus_needed(k) for k in model.running)
             assert held <= model.gpus, f"{address} runs {held} GPUs' worth, has {model.gpus}"
             assert model.data == self.sim.holds(address), address
+            ws = s.workers[address]
+            assert ws.draining == dict(Counter(model.drains)), address
+            assert ws.slot_threads == max(0, ws.nthreads - len(model.drains)), address
         assert set(self.sim.comm.workers) <= set(self.models)  # nothing to gone workers
         self.sim.comm.workers.clear()
         for c in CLIENTS:
@@ -252,6 +271,31 @@ class Run:
                 address = sorted(self.models)[r % len(self.models)]
                 self.sim.add_keys(address, {k: len(k)})
                 self.models[address].data.add(k)
+        elif kind == "drained":  # a worker says a released task's thread is free
+            owing = sorted(a for a, model in self.models.items() if model.drains)
+            if owing:
+                address = owing[r % len(owing)]
+                drains = self.models[address].drains
+                self.sim.drained(address, drains.pop(r % len(drains)), sid="drained")
+        elif kind == "stop" and processing:  # every client cancels a running task
+            k = processing[r % len(processing)]
+            self.stopped.append(k)
+            for c in CLIENTS:
+                self.wants[c] -= self.descendants[k]
+                self.sim.cancel(k, client=c)
+        elif kind == "rewant" and self.stopped:  # a client submits a stopped key again
+            c = CLIENTS[r % 2]
+            k = self.stopped[r % len(self.stopped)]
+            sub = sorted(self.ancestors(k) | {k}, key=self.keys.index)
+            self.wants[c].add(k)
+            self.sim.submit(
+                {a: self.dag[a] for a in sub},
+                wanted=[k],
+                client=c,
+                retries={a: self.sc.retries[self.keys.index(a)] for a in sub},
+                restrictions={a: self.restrictions[a] for a in sub if a in self.restrictions},
+                sid=f"resubmit-{k}",
+            )
         elif kind == "watch":  # a progress bar over some keys (a watch id used again)
             c = CLIENTS[r % 2]
             watched = [self.keys[(r + i) % len(self.keys)] for i in range(1 + r % 3)]
@@ -288,6 +332,7 @@ class Run:
                 self.add_worker(1, n)
                 self.sync()
         for _ in range(10 * len(self.keys) + 10):
+            self.drain_all()
             processing = self.processing()
             if not processing:
                 break
@@ -295,6 +340,13 @@ class Run:
             self.sync()
         self.check_outcome()
         self.release_everything()
+
+    def drain_all(self) -> None:
+        """Every worker answers for every released task it was running."""
+        for address, model in self.models.items():
+            while model.drains:
+                self.sim.drained(address, model.drains.pop(), sid="drained")
+                self.sync()
 
     def check_outcome(self) -> None:
         s = self.sim.s
@@ -332,11 +384,13 @@ class Run:
         self.sync()
         s.remove_client("c2", "bye")
         self.sync()
+        self.drain_all()
         assert s.tasks == {}, s.tasks
         assert s.groups == {} and s.nqueued == 0
         for address, ws in s.workers.items():
             assert ws.processing == set() and ws.has_what == set(), address
             assert ws.nbytes == 0 and ws.occupancy == 0
+            assert ws.draining == {} and ws.slot_threads == ws.nthreads
             assert ws in s.free_workers
             assert self.models[address].data == set() == self.models[address].running
         for tp in s.prefixes.values():
@@ -346,6 +400,14 @@ class Run:
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_random_dags_and_events(sc: Scenario):
+    Run(sc).run()
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(CANCEL_STEPS))
+def test_random_cancels_of_running_tasks(sc: Scenario):
+    """Threads of released tasks count busy until their workers answer, whatever the
+    order of cancels, submissions of the same keys, answers and departures."""
     Run(sc).run()
 
 

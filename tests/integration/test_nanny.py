@@ -1,5 +1,5 @@
 """The nanny, on real processes with real signals: it restarts a worker that dies
-(SIGKILL, os._exit in a task, a memory blow-up with SIGTERM ignored) under the same
+(SIGKILL, os._exit in a task, a memory blow-up with SIGINT ignored) under the same
 name, tells the scheduler, cleans the worker's directory, gives up on a worker that
 keeps dying, exits with its worker, and never leaves an orphan worker behind."""
 
@@ -38,8 +38,9 @@ def exit_once(marker: str) -> str:
 
 
 def blow_up_once(marker: str) -> str:
-    """The first time: ignore SIGTERM (the libc call works from any thread, unlike
-    signal.signal), then take memory past the terminate threshold and hold it."""
+    """The first time: ignore SIGINT, the nanny's "close at once" (the libc call works
+    from any thread, unlike signal.signal), then take memory past the terminate
+    threshold and hold it."""
     import ctypes
 
     import numpy as np
@@ -47,7 +48,7 @@ def blow_up_once(marker: str) -> str:
     if os.path.exists(marker):
         return "survived"
     Path(marker).touch()
-    ctypes.CDLL(None).signal(signal.SIGTERM, 1)  # SIG_IGN
+    ctypes.CDLL(None).signal(signal.SIGINT, 1)  # SIG_IGN
     hog = np.ones(400 * MB // 8)
     time.sleep(60)
     return str(hog.sum())
@@ -131,7 +132,7 @@ def test_os_exit_in_a_task_restarts_the_worker_and_the_task_runs_again(
 
 
 @pytest.mark.timeout(60)
-def test_worker_ignoring_sigterm_over_the_terminate_threshold_is_sigkilled_and_restarted(
+def test_worker_ignoring_sigint_over_the_terminate_threshold_is_sigkilled_and_restarted(
     spawn: Callable[..., Any], tmp_path: Path
 ) -> None:
     workdir = tmp_path / "local"
@@ -160,7 +161,7 @@ def test_worker_ignoring_sigterm_over_the_terminate_threshold_is_sigkilled_and_r
         hog = client.submit(blow_up_once, str(tmp_path / "blown"))
         (report,) = wait_for(lambda: s.recorded(m.WorkerExited), 20, "a WorkerExited report")
         assert "killed for memory" in report.reason, report.reason
-        assert "ignored SIGTERM" in report.reason and "SIGKILL" in report.reason
+        assert "ignored SIGINT" in report.reason and "SIGKILL" in report.reason
         assert report.restarting
         assert gone(first)
         assert spill_files(workdir) == []  # the nanny cleaned the dead worker's directory

@@ -56,7 +56,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         more=True,
     ),
     m.ReleaseKeys: m.ReleaseKeys(keys=["a", ("b", 1)], stimulus_id="release-1"),
-    m.CancelKeys: m.CancelKeys(keys=[3, "c"], stimulus_id="cancel-1"),
+    m.CancelKeys: m.CancelKeys(keys=[3, "c"], stimulus_id="cancel-1", force=True),
     m.WantKeys: m.WantKeys(keys=[("d", 0, 0)], stimulus_id="want-1"),
     m.ScatterDone: m.ScatterDone(
         keys=["s1", ("s", 2)], nbytes=[10, 20], worker="tcp://w:1", stimulus_id="scatter-1"
@@ -117,6 +117,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         run_id=3,
     ),
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
+    m.ReleaseCompute: m.ReleaseCompute("a", False, True, stimulus_id="cancel-1"),
+    m.ComputeReleased: m.ComputeReleased(("b", 1), stimulus_id="thread-ended-1"),
     m.TaskFinished: m.TaskFinished(
         key=("inc", 1),
         nbytes=28,
@@ -156,6 +158,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         restarting=True,
         stimulus_id="s-16",
     ),
+    m.WorkerLeaving: m.WorkerLeaving(reason="received SIGTERM", retire=False, stimulus_id="s-18"),
     m.KeyUnserializable: m.KeyUnserializable(
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
     ),

@@ -169,6 +169,10 @@ class WorkerState(Releases):
     ):
         self.nthreads = nthreads
         self.memory_limit = memory_limit  # bytes; 0: none. A larger dependency is refused
+        # Bytes of dependencies in flight at once, beyond the first transfer (as Dask's
+        # distributed.worker.memory.transfer, 10% of the memory limit): data on its way
+        # counts against memory before it lands.
+        self.transfer_incoming_limit = memory_limit // 10 if memory_limit else 0
         self.address = address
         self.validate = validate
         self.transfer_limit = transfer_limit  # GatherDeps in flight at once
@@ -815,7 +819,7 @@ class WorkerState(Releases):
         if self.paused:  # fetched data would add to the memory that paused us
             return
         needed, in_flight = self._data_needed, self._in_flight
-        while needed and len(in_flight) < self.transfer_limit:
+        while needed and len(in_flight) < self.transfer_limit and not self._incoming_full():
             # the first idle peer with wanted keys; at most transfer_limit are busy
             worker = next((w for w in needed if w not in in_flight), None)
             if worker is None:
@@ -842,6 +846,11 @@ class WorkerState(Releases):
                 ts.coming_from = worker
                 self._transition(ts, "flight", sid)
             self._out.append(GatherDep(worker, [ts.key for ts in batch], total, sid))
+
+    def _incoming_full(self) -> bool:
+        """Enough bytes are on their way: start no further transfer until some land."""
+        limit = self.transfer_incoming_limit
+        return bool(limit and self._in_flight and self.incoming_bytes >= limit)
 
     def _refuse_too_big(self, ts: WTask, holder: str, sid: str) -> None:
         what = f"the data of {ts.key!r} ({ts.nbytes} bytes, on {holder})"

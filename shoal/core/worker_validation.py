@@ -113,5 +113,9 @@ def validate_worker_state(state: WorkerState) -> None:
     _check(paused or full or not startable, "an idle thread")
     idle = [w for w in state._data_needed if w not in state._in_flight]
     _check(
-        paused or len(state._in_flight) == state.transfer_limit or not idle, f"idle slot: {idle}"
+        paused
+        or len(state._in_flight) == state.transfer_limit
+        or state._incoming_full()
+        or not idle,
+        f"idle slot: {idle}",
     )

@@ -112,3 +112,19 @@ def test_bytes_in_flight_are_accounted():
     assert ws.incoming_bytes == 200
     run(ws, failed_gather(B, u=BOOM))
     assert ws.incoming_bytes == 0
+
+
+def test_bytes_in_flight_are_bounded_by_a_tenth_of_the_memory_limit():
+    """Data on its way counts against memory: past 10% of the memory limit in flight,
+    no further transfer starts until some lands (one always may, whatever its size)."""
+    ws = make(nthreads=4, memory_limit=10_000)
+    out = ws.handle(
+        compute("y1", dep("x1", A, nbytes=600)),
+        compute("y2", dep("x2", B, nbytes=600)),
+        compute("y3", dep("x3", "tcp://c:1", nbytes=50)),
+    )
+    gathers = [i for i in out if isinstance(i, GatherDep)]
+    assert [g.keys for g in gathers] == [["x1"], ["x2"]]  # 1,200 >= 1,000: the rest waits
+    assert ws.incoming_bytes == 1200
+    out = run(ws, gathered(A, "g1", x1=1))
+    assert [i.keys for i in out if isinstance(i, GatherDep)] == [["x3"]]

@@ -15,10 +15,12 @@
   started again at once under the same name, reported (``WorkerExited``, restarting,
   with the reason it wrote to its restart file), and not counted as a crash.
 - A normal exit (the worker lost its scheduler, or was told to close) ends the nanny too.
-- Past ``terminate * memory_limit`` of process memory the worker gets SIGINT (close
-  at once: a worker short of memory hands nothing off, and its tasks count it as a
-  death), then SIGKILL after ``kill_grace`` seconds if it is still there; then it is
-  restarted.
+- Past ``terminate * memory_limit`` of process memory the worker is reported
+  ("killed for memory: ...", before the kill, so that the scheduler knows why when
+  its connection drops), gets SIGINT (close at once: a worker short of memory hands
+  nothing off, and its tasks count it as a death), then SIGKILL after ``kill_grace``
+  seconds if it is still there; then it is restarted (and reported again, with how
+  it ended).
 - SIGTERM or SIGINT to the nanny ends both: the worker gets SIGINT, and SIGKILL if it
   is still there after ``stop_grace`` seconds (its running tasks' threads may take
   that long); the nanny then exits.
@@ -52,6 +54,7 @@ logger = logging.getLogger("shoal.nanny")
 
 POLL_INTERVAL = 0.1  # seconds between looks at the worker's exit and memory
 STOP_GRACE = 8.0  # a worker told to stop may finish its running tasks' threads (5 s)
+REPORT_WAIT = 1.0  # seconds a kill for memory waits for the scheduler to have the report
 STOP_SIGNAL = signal.SIGINT  # to the worker: close at once (SIGTERM would hand off first)
 
 
@@ -226,7 +229,18 @@ class Nanny:
                     f"({limit // 10**6} MB)"
                 )
                 logger.warning("worker %s %s", self.name, self._memory_killed)
-                killing = asyncio.ensure_future(self._kill(proc, self.kill_grace))
+                killing = asyncio.ensure_future(self._kill_for_memory(proc))
+
+    async def _kill_for_memory(self, proc: asyncio.subprocess.Process) -> None:
+        """Tell the scheduler why first, and wait (a moment at most) until it has read
+        it: the worker's connection drops as it dies, and the scheduler must know by
+        then, so that a KilledWorker it raises says it was memory."""
+        conn, address = self._scheduler, self._read_address()
+        if conn is not None and not conn.closed and address:
+            self._report(address, self._memory_killed, True)
+            with contextlib.suppress(TimeoutError, CommClosedError):
+                await conn.request(lambda rid: m.Heartbeat(rid), timeout=REPORT_WAIT)
+        await self._kill(proc, self.kill_grace)
 
     async def _kill(self, proc: asyncio.subprocess.Process, grace: float) -> None:
         """SIGINT (close at once), then SIGKILL if the worker is still there after

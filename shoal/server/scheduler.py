@@ -342,11 +342,15 @@ class Scheduler:
                     conn.abort(f"no heartbeat within the {ttl:.1f}s TTL: removed")
 
     def _add_nanny(self, conn: Connection) -> None:
-        """A nanny reports the exits of the worker it supervises."""
+        """A nanny reports the exits of the worker it supervises (a kill for memory
+        before it happens, so a KilledWorker can say so)."""
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, "nanny"))
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             for msg in frame.messages:
+                if type(msg) is m.Heartbeat:  # "have you read my reports?" (before a kill)
+                    conn.send(m.HeartbeatReply(msg.request_id, 0.0))
+                    continue
                 if type(msg) is not m.WorkerExited:
                     raise ProtocolError(f"a nanny may not send {type(msg).__name__}")
                 logger.info("worker %s exited: %s", msg.address, msg.reason)

@@ -450,7 +450,9 @@ async def _start_worker(
         except OSError as e:  # the scheduler may not be listening (yet, or again)
             await w.close()
             if time.monotonic() > deadline:
-                raise click.ClickException(str(e)) from None
+                raise click.ClickException(
+                    f"no scheduler at {w.scheduler_address} within {timeout:g}s (--timeout): {e}"
+                ) from None
             await asyncio.sleep(0.2)
     return None
 
@@ -465,7 +467,7 @@ def _run_nanny(
     timeout: float,
     security: Any,
 ) -> None:
-    from shoal.server.nanny import Nanny
+    from shoal.server.nanny import Nanny, SchedulerUnreachable
 
     async def supervise() -> int:
         nanny = Nanny(
@@ -481,7 +483,10 @@ def _run_nanny(
         _stop_on_signals(nanny.stop)
         return await nanny.run()
 
-    code = run(supervise())
+    try:
+        code = run(supervise())
+    except SchedulerUnreachable as e:
+        raise click.ClickException(str(e)) from None
     if code:
         raise SystemExit(code)
 

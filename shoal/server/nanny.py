@@ -58,6 +58,10 @@ REPORT_WAIT = 1.0  # seconds a kill for memory waits for the scheduler to have t
 STOP_SIGNAL = signal.SIGINT  # to the worker: close at once (SIGTERM would hand off first)
 
 
+class SchedulerUnreachable(OSError):
+    """No scheduler answered at the address within the timeout."""
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -107,9 +111,9 @@ class Nanny:
 
     async def run(self) -> int:
         """Supervise the worker until it exits normally or we are stopped; the exit code."""
-        await self._connect()
         recent: deque[float] = deque()  # restart times within the window
         try:
+            await self._connect()
             while True:
                 await self._start_worker()
                 code = await self._watch()
@@ -300,9 +304,12 @@ class Nanny:
             except HandshakeError as e:  # reports are a courtesy: supervise without them
                 logger.warning("the scheduler refused the nanny (%s): no exit reports", e)
                 return
-            except OSError:  # the scheduler may not be listening yet
+            except OSError as e:  # the scheduler may not be listening yet
                 if time.monotonic() > deadline:
-                    raise
+                    raise SchedulerUnreachable(
+                        f"no scheduler at {self.scheduler_address} within {self.timeout:g}s "
+                        f"(--timeout): {e}"
+                    ) from None
                 await asyncio.sleep(0.2)
         self._scheduler.set_handler(self._on_scheduler_frame)
         self._scheduler.on_close = self._scheduler_lost

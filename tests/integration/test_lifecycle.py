@@ -353,3 +353,37 @@ def test_local_cluster_processes_exit_with_their_owner() -> None:
         for pid in pids:  # orphans are not our children: clean up by pid if need be
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+
+
+def closed_port() -> int:
+    """A port the OS just handed out and nobody listens on any more."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("nanny", ["--nanny", "--no-nanny"])
+def test_worker_with_no_scheduler_listening_ends_with_one_clear_line(
+    spawn: Callable[..., Any], tmp_path: Path, nanny: str
+) -> None:
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    p = spawn(
+        "worker",
+        address,
+        nanny,
+        "--timeout",
+        "1",
+        "--local-directory",
+        str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1
+    [line] = err.decode().strip().splitlines()  # one line, no traceback
+    expected = f"Error: no scheduler at {address} within 1s (--timeout): could not connect to "
+    assert line.startswith(f"{expected}{address}: ") and "refused" in line, line
+    assert out == b""
+    assert list(tmp_path.iterdir()) == []  # the nanny's directory is gone too

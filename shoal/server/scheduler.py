@@ -254,11 +254,16 @@ class Scheduler:
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
+        # Any page is answered (empty past the end, from 0 for a negative start), and
+        # never sliced with numbers the slicing cannot take (a start of 2**62).
+        n = len(self.state.workers)
+        start = min(max(0, msg.start), n)
+        limit = min(msg.limit, n) if msg.limit >= 0 else -1
         return m.InfoReply(
             msg.request_id,
             self.id,
             self.address,
-            self.state.worker_infos(msg.start, msg.limit),
+            self.state.worker_infos(start, limit),
             len(self.state.tasks),
             self.state.summary(),
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import struct
@@ -30,6 +31,7 @@ import msgspec
 import psutil
 import pytest
 from rawsock import authenticated_socket
+from recording_scheduler import recording_scheduler
 from tasks import wait_for_file
 
 from shoal import Client
@@ -545,6 +547,40 @@ def test_senseless_client_requests_get_answers(scheduler: str):
         for _ in range(4):
             peer.expect(m.KeyCancelled)
         peer.send(m.ReleaseKeys(["orphan", "cycle-a", "self", "nofunc", "scattered"]))
+
+
+# (start, limit) of pages of the worker list that no slicing can take as they are
+ODD_PAGES = [(2**62, -1), (2**62, 2**62), (2**63 - 1, 1), (2**64 - 1, 2**63), (-(2**63), 2**63 - 1)]
+
+
+def test_out_of_range_worker_pages_are_answered_and_the_connection_stays(
+    procs: Processes, scheduler: str
+):
+    with raw_connect_and_hello(scheduler) as peer:
+        for rid, (start, limit) in enumerate(ODD_PAGES, 1):
+            peer.send(m.InfoRequest(rid, start, limit))
+            reply = peer.expect(m.InfoReply)
+            assert isinstance(reply, m.InfoReply) and reply.request_id == rid
+            expected = [procs.worker_address] if start < 0 else []  # from 0 when negative
+            assert [w.address for w in reply.workers] == expected, (start, limit)
+        peer.send(m.InfoRequest(99, -5, 0))  # an empty page from 0
+        reply = peer.expect(m.InfoReply)
+        assert isinstance(reply, m.InfoReply) and reply.workers == []
+        peer.send(m.WhoHasRequest(100, ["x"]))  # still connected
+        assert peer.expect(m.WhoHasReply).request_id == 100  # type: ignore[attr-defined]
+
+
+def test_out_of_range_worker_pages_log_no_error(caplog: pytest.LogCaptureFixture):
+    with (
+        recording_scheduler() as s,
+        caplog.at_level(logging.INFO, logger="shoal"),
+        raw_connect_and_hello(s.address) as peer,
+    ):
+        for rid, (start, limit) in enumerate(ODD_PAGES, 1):
+            peer.send(m.InfoRequest(rid, start, limit))
+            assert peer.expect(m.InfoReply).request_id == rid  # type: ignore[attr-defined]
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 def test_mismatched_lists_are_refused(scheduler: str):

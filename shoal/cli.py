@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from shoal.client.loop import run
+from shoal.comm.tcp import HANDSHAKE_TIMEOUT
 from shoal.core.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_SCHEDULER_TIMEOUT,
@@ -147,6 +148,12 @@ def main() -> None:
     show_default=True,
     help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
 )
+@click.option(
+    "--handshake-timeout",
+    default=HANDSHAKE_TIMEOUT,
+    show_default=True,
+    help="Seconds a new connection has to send a complete Hello before it is closed.",
+)
 @security_options
 def scheduler(
     host: str,
@@ -158,6 +165,7 @@ def scheduler(
     log_level: str,
     allowed_failures: int,
     worker_ttl: float,
+    handshake_timeout: float,
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -168,6 +176,8 @@ def scheduler(
         raise click.BadParameter("cannot be negative", param_hint="--allowed-failures")
     if worker_ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="--worker-ttl")
+    if handshake_timeout <= 0:
+        raise click.BadParameter("must be positive", param_hint="--handshake-timeout")
     security = make_security(options)
 
     async def serve() -> None:
@@ -179,6 +189,7 @@ def scheduler(
             allowed_failures=allowed_failures,
             worker_ttl=worker_ttl,
             security=security,
+            handshake_timeout=handshake_timeout,
         )
         await s.start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731

@@ -21,7 +21,7 @@ import msgspec
 
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
-from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
+from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
@@ -64,8 +64,10 @@ class Scheduler:
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
         security: Security | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ):
         self.security = security or Security()  # token / TLS for every connection
+        self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
         self.host = host
         self.port = port
@@ -112,7 +114,9 @@ class Scheduler:
         if self.owns_process:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
-        self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
+        self._server, self.address = await listen(
+            self.host, self.port, self._accept, self.security, self.handshake_timeout
+        )
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())

@@ -212,7 +212,9 @@ class Connection(asyncio.Protocol):
                 fut.set_exception(err)
         self._pending.clear()
         if self._paused is not None and not self._paused.done():
-            self._paused.set_exception(err)
+            # Woken, not failed: drain() raises for whoever waits; an exception set on a
+            # future nobody awaits is logged "Future exception was never retrieved".
+            self._paused.set_result(None)
         if self._inbox is not None:
             self._inbox.put_nowait(Frame([], []))  # wake a reader
         if self.on_close is not None:
@@ -267,6 +269,8 @@ class Connection(asyncio.Protocol):
         """Wait while the transport's write buffer is over its high-water mark."""
         if self._paused is not None and not self._paused.done():
             await self._paused
+        if self.closed:
+            raise CommClosedError(self.close_reason or "connection closed")
 
     async def request(
         self,

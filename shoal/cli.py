@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from shoal.client.loop import run
+from shoal.comm.tcp import HANDSHAKE_TIMEOUT
 from shoal.core.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_SCHEDULER_TIMEOUT,
@@ -148,6 +149,12 @@ def main() -> None:
     show_default=True,
     help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
 )
+@click.option(
+    "--handshake-timeout",
+    default=HANDSHAKE_TIMEOUT,
+    show_default=True,
+    help="Seconds a new connection has to send a complete Hello before it is closed.",
+)
 @security_options
 def scheduler(
     host: str,
@@ -159,6 +166,7 @@ def scheduler(
     log_level: str,
     allowed_failures: int,
     worker_ttl: float,
+    handshake_timeout: float,
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -169,6 +177,8 @@ def scheduler(
         raise click.BadParameter("cannot be negative", param_hint="--allowed-failures")
     if worker_ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="--worker-ttl")
+    if handshake_timeout <= 0:
+        raise click.BadParameter("must be positive", param_hint="--handshake-timeout")
     security = make_security(options)
 
     async def serve() -> None:
@@ -180,6 +190,7 @@ def scheduler(
             allowed_failures=allowed_failures,
             worker_ttl=worker_ttl,
             security=security,
+            handshake_timeout=handshake_timeout,
         )
         await s.start()
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
@@ -461,7 +472,9 @@ async def _start_worker(
         except OSError as e:  # the scheduler may not be listening (yet, or again)
             await w.close()
             if time.monotonic() > deadline:
-                raise click.ClickException(str(e)) from None
+                raise click.ClickException(
+                    f"no scheduler at {w.scheduler_address} within {timeout:g}s (--timeout): {e}"
+                ) from None
             await asyncio.sleep(0.2)
     return None
 
@@ -476,7 +489,7 @@ def _run_nanny(
     timeout: float,
     security: Any,
 ) -> None:
-    from shoal.server.nanny import Nanny
+    from shoal.server.nanny import Nanny, SchedulerUnreachable
 
     async def supervise() -> int:
         nanny = Nanny(
@@ -492,7 +505,10 @@ def _run_nanny(
         _stop_on_signals(nanny.stop)
         return await nanny.run()
 
-    code = run(supervise())
+    try:
+        code = run(supervise())
+    except SchedulerUnreachable as e:
+        raise click.ClickException(str(e)) from None
     if code:
         raise SystemExit(code)
 

@@ -96,11 +96,9 @@ class Connection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         if self.handshake is not None:
             transport.write(self.handshake.greeting())  # type: ignore[attr-defined]
-            if self._handshake_timeout is not None:
+            if self._handshake_timeout is not None:  # until the first frame (the Hello)
                 self._handshake_timer = self._loop.call_later(
-                    self._handshake_timeout,
-                    self._preamble_failed,
-                    f"no connection preamble within {self._handshake_timeout}s",
+                    self._handshake_timeout, self._handshake_expired
                 )
 
     def data_received(self, data: bytes) -> None:
@@ -136,9 +134,15 @@ class Connection(asyncio.Protocol):
         if not handshake.done:
             return b""
         self.handshake = None
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
         return rest
+
+    def _handshake_expired(self) -> None:
+        """The peer has not finished the preamble and sent its first frame (Hello) in time."""
+        timeout = self._handshake_timeout
+        if self.handshake is not None:
+            self._preamble_failed(f"no connection preamble within {timeout}s")
+        else:
+            self.abort(f"handshake not finished within {timeout}s (no complete Hello)")
 
     def _preamble_failed(self, reason: str) -> None:
         if self.closed:
@@ -152,6 +156,9 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _dispatch(self, frame: Frame) -> None:
+        if self._handshake_timer is not None:  # the first frame: the handshake's end
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
         msgs = frame.messages
         if self._pending and any(type(msg) in _REPLIES for msg in msgs):
             try:
@@ -205,7 +212,9 @@ class Connection(asyncio.Protocol):
                 fut.set_exception(err)
         self._pending.clear()
         if self._paused is not None and not self._paused.done():
-            self._paused.set_exception(err)
+            # Woken, not failed: drain() raises for whoever waits; an exception set on a
+            # future nobody awaits is logged "Future exception was never retrieved".
+            self._paused.set_result(None)
         if self._inbox is not None:
             self._inbox.put_nowait(Frame([], []))  # wake a reader
         if self.on_close is not None:
@@ -260,6 +269,8 @@ class Connection(asyncio.Protocol):
         """Wait while the transport's write buffer is over its high-water mark."""
         if self._paused is not None and not self._paused.done():
             await self._paused
+        if self.closed:
+            raise CommClosedError(self.close_reason or "connection closed")
 
     async def request(
         self,

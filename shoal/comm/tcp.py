@@ -20,8 +20,10 @@ from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
-# A listener drops a connection that has not finished the preamble by then.
-PREAMBLE_TIMEOUT = 30.0
+# A listener drops a connection that has not finished the handshake (the preamble and
+# a complete Hello) by then, as Dask does after 30 s: a half-open connection is held
+# no longer.
+HANDSHAKE_TIMEOUT = 30.0
 SCHEMES = ("tcp", "tls")
 
 
@@ -76,17 +78,20 @@ async def listen(
     port: int,
     on_connection: Callable[[Connection], None],
     security: Security | None = None,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
 ) -> tuple[asyncio.Server, str]:
     """Listen on host:port (0: the OS picks); ``on_connection`` installs the new
     connection's handler once the peer has passed the preamble (and TLS). Returns the
-    server and its address (``tls://`` when ``security`` has TLS credentials)."""
+    server and its address (``tls://`` when ``security`` has TLS credentials). A
+    connection that has not sent a complete first frame (its Hello) within
+    ``handshake_timeout`` seconds of connecting is refused and closed."""
     security = security or Security()
     ssl_context = security.listen_context()
     loop = asyncio.get_running_loop()
 
     def factory() -> Connection:
         conn = Connection(
-            handshake=ListenerHandshake(security.token), handshake_timeout=PREAMBLE_TIMEOUT
+            handshake=ListenerHandshake(security.token), handshake_timeout=handshake_timeout
         )
         loop.call_soon(on_connection, conn)
         return conn

@@ -39,6 +39,7 @@ DEFAULT_ALLOWED_FAILURES = 3
 DEFAULT_WORKER_TTL = 300.0  # seconds without a heartbeat before a worker is removed
 DEFAULT_SCHEDULER_TIMEOUT = 120.0  # seconds a worker or client waits for a heartbeat reply
 COPY_RETRY = 10.0  # seconds before a copy off a retiring worker is asked for again
+MAX_DEATH_REASONS = 10_000
 
 
 def heartbeat_interval(n_workers: int) -> float:
@@ -94,6 +95,9 @@ class Membership:
         self.suspicious: dict[TaskState, list[str]] = {}
         self.retiring: dict[str, Retirement] = {}  # worker address -> its request
         self.leaving: dict[str, str] = {}  # workers that said they go (WorkerLeaving) -> why
+        # Why workers died, when it was known (a nanny's report: "killed for memory..."),
+        # for KilledWorker's message; the oldest are dropped past MAX_DEATH_REASONS.
+        self.death_reasons: dict[str, str] = {}
         self._copies: dict[TaskState, tuple[WorkerRecord, float]] = {}  # key -> to, when
         self._now = 0.0  # the latest time an event carried
         self.total_threads = 0  # over the workers, kept as they come and go
@@ -147,6 +151,10 @@ class Membership:
         retirement = self.retiring.pop(address, None)
         if retirement is not None:
             self._retirement_over(retirement, address, None if expected else reason or "it died")
+        if reason and not expected and ws.processing:
+            self.death_reasons[address] = reason
+            while len(self.death_reasons) > MAX_DEATH_REASONS:
+                del self.death_reasons[next(iter(self.death_reasons))]
         recs: Recs = {}
         for ts in sorted(ws.processing, key=_by_priority):
             self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
@@ -175,7 +183,8 @@ class Membership:
         died_on.append(address)
         if len(died_on) <= self.allowed_failures:
             return False
-        exc = KilledWorker(ts.key, died_on, self.allowed_failures)
+        reasons = {a: self.death_reasons[a] for a in died_on if a in self.death_reasons}
+        exc = KilledWorker(ts.key, died_on, self.allowed_failures, reasons)
         ts.exception = error_payload(exc)
         ts.traceback = ""
         ts.exception_blame = None

@@ -15,10 +15,12 @@
   started again at once under the same name, reported (``WorkerExited``, restarting,
   with the reason it wrote to its restart file), and not counted as a crash.
 - A normal exit (the worker lost its scheduler, or was told to close) ends the nanny too.
-- Past ``terminate * memory_limit`` of process memory the worker gets SIGINT (close
-  at once: a worker short of memory hands nothing off, and its tasks count it as a
-  death), then SIGKILL after ``kill_grace`` seconds if it is still there; then it is
-  restarted.
+- Past ``terminate * memory_limit`` of process memory the worker is reported
+  ("killed for memory: ...", before the kill, so that the scheduler knows why when
+  its connection drops), gets SIGINT (close at once: a worker short of memory hands
+  nothing off, and its tasks count it as a death), then SIGKILL after ``kill_grace``
+  seconds if it is still there; then it is restarted (and reported again, with how
+  it ended).
 - SIGTERM or SIGINT to the nanny ends both: the worker gets SIGINT, and SIGKILL if it
   is still there after ``stop_grace`` seconds (its running tasks' threads may take
   that long); the nanny then exits.
@@ -52,7 +54,12 @@ logger = logging.getLogger("shoal.nanny")
 
 POLL_INTERVAL = 0.1  # seconds between looks at the worker's exit and memory
 STOP_GRACE = 8.0  # a worker told to stop may finish its running tasks' threads (5 s)
+REPORT_WAIT = 1.0  # seconds a kill for memory waits for the scheduler to have the report
 STOP_SIGNAL = signal.SIGINT  # to the worker: close at once (SIGTERM would hand off first)
+
+
+class SchedulerUnreachable(OSError):
+    """No scheduler answered at the address within the timeout."""
 
 
 def describe_exit(code: int) -> str:
@@ -104,9 +111,9 @@ class Nanny:
 
     async def run(self) -> int:
         """Supervise the worker until it exits normally or we are stopped; the exit code."""
-        await self._connect()
         recent: deque[float] = deque()  # restart times within the window
         try:
+            await self._connect()
             while True:
                 await self._start_worker()
                 code = await self._watch()
@@ -226,7 +233,18 @@ class Nanny:
                     f"({limit // 10**6} MB)"
                 )
                 logger.warning("worker %s %s", self.name, self._memory_killed)
-                killing = asyncio.ensure_future(self._kill(proc, self.kill_grace))
+                killing = asyncio.ensure_future(self._kill_for_memory(proc))
+
+    async def _kill_for_memory(self, proc: asyncio.subprocess.Process) -> None:
+        """Tell the scheduler why first, and wait (a moment at most) until it has read
+        it: the worker's connection drops as it dies, and the scheduler must know by
+        then, so that a KilledWorker it raises says it was memory."""
+        conn, address = self._scheduler, self._read_address()
+        if conn is not None and not conn.closed and address:
+            self._report(address, self._memory_killed, True)
+            with contextlib.suppress(TimeoutError, CommClosedError):
+                await conn.request(lambda rid: m.Heartbeat(rid), timeout=REPORT_WAIT)
+        await self._kill(proc, self.kill_grace)
 
     async def _kill(self, proc: asyncio.subprocess.Process, grace: float) -> None:
         """SIGINT (close at once), then SIGKILL if the worker is still there after
@@ -286,9 +304,12 @@ class Nanny:
             except HandshakeError as e:  # reports are a courtesy: supervise without them
                 logger.warning("the scheduler refused the nanny (%s): no exit reports", e)
                 return
-            except OSError:  # the scheduler may not be listening yet
+            except OSError as e:  # the scheduler may not be listening yet
                 if time.monotonic() > deadline:
-                    raise
+                    raise SchedulerUnreachable(
+                        f"no scheduler at {self.scheduler_address} within {self.timeout:g}s "
+                        f"(--timeout): {e}"
+                    ) from None
                 await asyncio.sleep(0.2)
         self._scheduler.set_handler(self._on_scheduler_frame)
         self._scheduler.on_close = self._scheduler_lost

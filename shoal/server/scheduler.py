@@ -21,7 +21,7 @@ import msgspec
 
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
-from shoal.comm.tcp import HandshakeError, check_hello, listen, parse_address
+from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler import SchedulerState
 from shoal.protocol import messages as m
@@ -64,8 +64,10 @@ class Scheduler:
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
         security: Security | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ):
         self.security = security or Security()  # token / TLS for every connection
+        self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
         self.host = host
         self.port = port
@@ -112,7 +114,9 @@ class Scheduler:
         if self.owns_process:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
-        self._server, self.address = await listen(self.host, self.port, self._accept, self.security)
+        self._server, self.address = await listen(
+            self.host, self.port, self._accept, self.security, self.handshake_timeout
+        )
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
@@ -254,11 +258,16 @@ class Scheduler:
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
+        # Any page is answered (empty past the end, from 0 for a negative start), and
+        # never sliced with numbers the slicing cannot take (a start of 2**62).
+        n = len(self.state.workers)
+        start = min(max(0, msg.start), n)
+        limit = min(msg.limit, n) if msg.limit >= 0 else -1
         return m.InfoReply(
             msg.request_id,
             self.id,
             self.address,
-            self.state.worker_infos(msg.start, msg.limit),
+            self.state.worker_infos(start, limit),
             len(self.state.tasks),
             self.state.summary(),
         )
@@ -342,11 +351,15 @@ class Scheduler:
                     conn.abort(f"no heartbeat within the {ttl:.1f}s TTL: removed")
 
     def _add_nanny(self, conn: Connection) -> None:
-        """A nanny reports the exits of the worker it supervises."""
+        """A nanny reports the exits of the worker it supervises (a kill for memory
+        before it happens, so a KilledWorker can say so)."""
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, "nanny"))
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             for msg in frame.messages:
+                if type(msg) is m.Heartbeat:  # "have you read my reports?" (before a kill)
+                    conn.send(m.HeartbeatReply(msg.request_id, 0.0))
+                    continue
                 if type(msg) is not m.WorkerExited:
                     raise ProtocolError(f"a nanny may not send {type(msg).__name__}")
                 logger.info("worker %s exited: %s", msg.address, msg.reason)

@@ -57,6 +57,7 @@ from shoal.protocol.errors import TaskInterrupted
 from shoal.protocol.framing import Frame, ProtocolError, message_buffers
 from shoal.protocol.messages import check_resources
 from shoal.protocol.serialize import (
+    MSGPACK,
     FunctionCache,
     SerializationError,
     dumps_exception,
@@ -77,6 +78,14 @@ GATHER_TIMEOUT = 60.0
 # How long a leaving worker waits for the scheduler to let it go (its results copied
 # off) before it closes anyway: what is not copied by then is recomputed.
 LEAVE_TIMEOUT = 30.0
+
+# Held while user objects (task functions, arguments, data from peers) are unpickled:
+# unpickling imports the modules they name, and two threads importing numpy, pandas,
+# dask.array... for the first time at once can deadlock in the import system
+# (``_DeadlockError``) and leave a module half-imported for good in this process.
+# One lock per process (several in-process workers share the import system); an
+# RLock, as a payload's function references load functions while it is held.
+DESERIALISE_LOCK = threading.RLock()
 
 # The task a thread runs: ``worker`` and ``key`` while it runs one, and ``seceded`` once
 # it has left the thread count (it then ends with its task; another thread took its slot).
@@ -155,6 +164,7 @@ class Worker:
         self._memory: MemoryMonitor | None = None
         self.state: WorkerState | None = None
         self.functions = FunctionCache()
+        self._loaded_functions: dict[str, Any] = {}  # read without the lock once loaded
         self.scheduler: Connection | None = None
         self._server: asyncio.Server | None = None
         self.security = security or Security()  # token / TLS for every connection
@@ -544,11 +554,15 @@ class Worker:
         resolve: Any,
         coroutines: list[asyncio.Runner],
     ) -> ExecuteSuccess | ExecuteFailure:
-        get_func = self.functions.get
+        get_func = self._function
         start = time.time()
         try:
             func = get_func(func_id)
-            args, kwargs = loads_task_args(payload, resolve, get_func)
+            if payload.kind == MSGPACK:  # plain values: nothing to import
+                args, kwargs = loads_task_args(payload, resolve, get_func)
+            else:
+                with DESERIALISE_LOCK:
+                    args, kwargs = loads_task_args(payload, resolve, get_func)
             value = func(*args, **kwargs)
             if inspect.iscoroutine(value):
                 # An async task runs to completion on a loop of this thread's own,
@@ -582,6 +596,14 @@ class Worker:
                 stimulus_id=f"task-erred-{stop}",
             )
 
+    def _function(self, fid: str) -> Any:
+        """A task function, unpickled once (under DESERIALISE_LOCK), on any thread."""
+        fn = self._loaded_functions.get(fid)
+        if fn is None:
+            with DESERIALISE_LOCK:
+                fn = self._loaded_functions[fid] = self.functions.get(fid)
+        return fn
+
     def _push_result(self, event: Any) -> None:
         with self._results_lock:
             self._results.append(event)
@@ -605,7 +627,8 @@ class Worker:
                 lambda rid: m.GetData(rid, list(inst.keys)), timeout=GATHER_TIMEOUT
             )
             assert isinstance(reply, m.DataReply)
-            data, errors = loads_values(reply.keys, reply.payloads, buffers)
+            with DESERIALISE_LOCK:  # on the loop: a task thread may be importing meanwhile
+                data, errors = loads_values(reply.keys, reply.payloads, buffers)
             event: Any = GatherSuccess(
                 worker=inst.worker,
                 data=data,
@@ -684,7 +707,8 @@ class Worker:
             self._report_unserializable(failed)
 
     def _receive_data(self, conn: Connection, msg: m.UpdateData, buffers: list[memoryview]) -> None:
-        data, errors = loads_values(msg.keys, msg.payloads, buffers)
+        with DESERIALISE_LOCK:
+            data, errors = loads_values(msg.keys, msg.payloads, buffers)
         for key, exc in errors.items():  # the client's scatter fails with this reason
             raise SerializationError(
                 f"scattered data {key!r} cannot be unpickled on worker {self.address}: "

@@ -54,6 +54,23 @@ def test_task_on_too_many_dying_workers_errs_with_killed_worker():
     assert sim.state("good") == "memory"
 
 
+def test_killed_worker_says_why_the_workers_died_when_it_is_known():
+    sim = Sim({W1: 1})
+    sim.s.allowed_failures = 1
+    sim.submit({"hog": []})
+    sim.add_worker(W2)
+    memory = "exited: killed for memory: 1900 MB, over the terminate threshold (1900 MB)"
+    sim.s.remove_worker(W1, "nanny-1", memory)
+    sim.add_worker(W3)
+    sim.s.remove_worker(W2, "closed-1")  # its connection dropped: no reason known
+    exc = erred_with(sim, "hog")
+    assert isinstance(exc, KilledWorker)
+    assert exc.reasons == {W1: memory}
+    assert f"{W1} ({memory})" in str(exc) and W2 in str(exc)
+    assert "more memory than a worker has" in str(exc)
+    assert pickle.loads(pickle.dumps(exc)).reasons == exc.reasons
+
+
 def test_deaths_are_counted_per_task_and_forgotten_with_it():
     sim = Sim({W1: 1, W2: 1})
     sim.submit({"x": []})

@@ -40,12 +40,8 @@ class RecordingScheduler(Scheduler):
         except HandshakeError:
             super()._handshake(conn, frame)
             return
-        if hello.role == "nanny":  # recorded here, whether or not the scheduler knows nannies
-            conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name))
-            conn.set_handler(lambda conn, frame: self._record(frame))
-            return
         super()._handshake(conn, frame)
-        if hello.role == "worker" and not conn.closed:
+        if hello.role in ("worker", "nanny") and not conn.closed:
             inner = conn.on_frame
 
             def on_frame(conn: Connection, frame: Frame) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import struct
@@ -30,13 +31,17 @@ import msgspec
 import psutil
 import pytest
 from rawsock import authenticated_socket
+from recording_scheduler import recording_scheduler
 from tasks import wait_for_file
 
 from shoal import Client
+from shoal.client.loop import LoopRunner
 from shoal.comm.security import Security
+from shoal.comm.tcp import HANDSHAKE_TIMEOUT, parse_address
 from shoal.protocol import messages as m
 from shoal.protocol.framing import DEFAULT_MAX_FRAME, MAX_BUFFERS, FrameDecoder, encode_frame
 from shoal.protocol.serialize import PICKLE
+from shoal.server.scheduler import Scheduler
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -545,6 +550,77 @@ def test_senseless_client_requests_get_answers(scheduler: str):
         for _ in range(4):
             peer.expect(m.KeyCancelled)
         peer.send(m.ReleaseKeys(["orphan", "cycle-a", "self", "nofunc", "scattered"]))
+
+
+# (start, limit) of pages of the worker list that no slicing can take as they are
+ODD_PAGES = [(2**62, -1), (2**62, 2**62), (2**63 - 1, 1), (2**64 - 1, 2**63), (-(2**63), 2**63 - 1)]
+
+
+def test_out_of_range_worker_pages_are_answered_and_the_connection_stays(
+    procs: Processes, scheduler: str
+):
+    with raw_connect_and_hello(scheduler) as peer:
+        for rid, (start, limit) in enumerate(ODD_PAGES, 1):
+            peer.send(m.InfoRequest(rid, start, limit))
+            reply = peer.expect(m.InfoReply)
+            assert isinstance(reply, m.InfoReply) and reply.request_id == rid
+            expected = [procs.worker_address] if start < 0 else []  # from 0 when negative
+            assert [w.address for w in reply.workers] == expected, (start, limit)
+        peer.send(m.InfoRequest(99, -5, 0))  # an empty page from 0
+        reply = peer.expect(m.InfoReply)
+        assert isinstance(reply, m.InfoReply) and reply.workers == []
+        peer.send(m.WhoHasRequest(100, ["x"]))  # still connected
+        assert peer.expect(m.WhoHasReply).request_id == 100  # type: ignore[attr-defined]
+
+
+def test_out_of_range_worker_pages_log_no_error(caplog: pytest.LogCaptureFixture):
+    with (
+        recording_scheduler() as s,
+        caplog.at_level(logging.INFO, logger="shoal"),
+        raw_connect_and_hello(s.address) as peer,
+    ):
+        for rid, (start, limit) in enumerate(ODD_PAGES, 1):
+            peer.send(m.InfoRequest(rid, start, limit))
+            assert peer.expect(m.InfoReply).request_id == rid  # type: ignore[attr-defined]
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+@contextlib.contextmanager
+def scheduler_with_handshake_timeout(timeout: float) -> Iterator[Scheduler]:
+    runner = LoopRunner(name="short-handshake-scheduler")
+    s = Scheduler(handshake_timeout=timeout)
+    try:
+        runner.run_sync(s.start(), 10)
+        yield s
+    finally:
+        runner.run_sync(s.close(), 10)
+        runner.stop()
+
+
+def test_handshake_deadline_defaults_to_30s():
+    assert HANDSHAKE_TIMEOUT == 30.0 and Scheduler().handshake_timeout == 30.0
+
+
+def test_half_a_hello_is_closed_at_the_handshake_deadline():
+    hello = b"".join(bytes(p) for p in encode_frame([m.Hello(m.PROTOCOL_VERSION, "client")]))
+    with scheduler_with_handshake_timeout(0.5) as s, raw_connect(s.address) as peer:
+        start = time.monotonic()
+        peer.send_bytes(hello[: len(hello) // 2])  # the greeting went, half a Hello
+        peer.expect_refused("handshake not finished within 0.5s")
+        assert 0.4 < time.monotonic() - start < 5
+        with Client(s.address, timeout=10) as client:  # a whole handshake is in time
+            assert client.scheduler_info()["workers"] == {}
+
+
+def test_a_silent_connection_is_closed_at_the_handshake_deadline():
+    with scheduler_with_handshake_timeout(0.5) as s:
+        sock = socket.create_connection(parse_address(s.address), timeout=IO_TIMEOUT)
+        with sock:
+            start = time.monotonic()
+            while sock.recv(1 << 16):  # the server's greeting, then its refusal; then EOF
+                pass
+            assert 0.4 < time.monotonic() - start < 5
 
 
 def test_mismatched_lists_are_refused(scheduler: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -353,3 +354,81 @@ def test_local_cluster_processes_exit_with_their_owner() -> None:
         for pid in pids:  # orphans are not our children: clean up by pid if need be
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+
+
+def closed_port() -> int:
+    """A port the OS just handed out and nobody listens on any more."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("nanny", ["--nanny", "--no-nanny"])
+def test_worker_with_no_scheduler_listening_ends_with_one_clear_line(
+    spawn: Callable[..., Any], tmp_path: Path, nanny: str
+) -> None:
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    p = spawn(
+        "worker",
+        address,
+        nanny,
+        "--timeout",
+        "1",
+        "--local-directory",
+        str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1
+    [line] = err.decode().strip().splitlines()  # one line, no traceback
+    expected = f"Error: no scheduler at {address} within 1s (--timeout): could not connect to "
+    assert line.startswith(f"{expected}{address}: ") and "refused" in line, line
+    assert out == b""
+    assert list(tmp_path.iterdir()) == []  # the nanny's directory is gone too
+
+
+def big(i: int) -> bytes:
+    return bytes(8_000_000) + bytes([i])
+
+
+UNRETRIEVED = ("never retrieved", "Traceback")
+
+
+@pytest.mark.parametrize("ending", ["normal-close", "scheduler-killed"])
+def test_closing_logs_no_unretrieved_future_exceptions(
+    tmp_path: Path, spawn: Callable[..., Any], caplog: pytest.LogCaptureFixture, ending: str
+) -> None:
+    sched_file = tmp_path / "s.json"
+    pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    sched = spawn("scheduler", "--port", "0", "--scheduler-file", str(sched_file), **pipes)
+    address = read_scheduler_file(sched_file, sched)
+    workers = [
+        spawn("worker", address, "--log-level", "info", "--name", f"w{i}", **pipes)
+        for i in range(2)
+    ]
+    with caplog.at_level(logging.DEBUG):
+        client = Client(address, timeout=20)
+        try:
+            client.wait_for_workers(2, timeout=20)
+            futs = client.map(big, range(6))
+            # results move between the workers and to this client (writes that pause)
+            assert client.submit(lambda xs: sum(len(x) for x in xs), futs).result(30) == 48_000_006
+            assert len(client.gather(futs)) == 6
+            if ending == "scheduler-killed":
+                sched.send_signal(signal.SIGKILL)
+                for w in workers:  # they notice, and exit
+                    assert w.wait(20) == 0
+        finally:
+            client.close()
+        for p in [*workers, sched]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+    for p in [*workers, sched]:
+        p.wait(20)
+        err = p.stderr.read().decode()
+        assert not [x for x in UNRETRIEVED if x in err], err[-3000:]
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [msg for msg in messages if any(x in msg for x in UNRETRIEVED)], messages

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from recording_scheduler import recording_scheduler, wait_for
 
-from shoal import Client, LocalCluster
+from shoal import Client, KilledWorker, LocalCluster
 from shoal.protocol import messages as m
 from shoal.server.nanny import Nanny
 
@@ -159,8 +159,11 @@ def test_worker_ignoring_sigint_over_the_terminate_threshold_is_sigkilled_and_re
         client.gather(arrays)
         assert len(spill_files(workdir)) == 2
         hog = client.submit(blow_up_once, str(tmp_path / "blown"))
-        (report,) = wait_for(lambda: s.recorded(m.WorkerExited), 20, "a WorkerExited report")
-        assert "killed for memory" in report.reason, report.reason
+        # reported before the kill (so the scheduler knows why), then with how it ended
+        wait_for(lambda: s.recorded(m.WorkerExited)[1:], 20, "two reports")
+        early, report = s.recorded(m.WorkerExited)
+        assert early.reason.startswith("killed for memory") and early.restarting
+        assert report.reason.startswith(early.reason), report.reason
         assert "ignored SIGINT" in report.reason and "SIGKILL" in report.reason
         assert report.restarting
         assert gone(first)
@@ -251,3 +254,30 @@ def test_nanny_gives_up_on_a_worker_that_keeps_dying(tmp_path: Path) -> None:
         assert all(r.reason == "exited with code 2" and r.address == "" for r in reports)
         assert nanny.restarts == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def hog(mb: int) -> None:
+    import numpy as np
+
+    held = np.ones(mb * MB // 8)
+    time.sleep(60)
+    del held
+
+
+@pytest.mark.timeout(90)
+def test_killed_worker_after_memory_kills_says_it_was_memory() -> None:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit="300MB", allowed_failures=1
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        fut = client.submit(hog, 400)
+        with pytest.raises(KilledWorker) as info:
+            fut.result(timeout=60)
+        exc = info.value
+        assert len(exc.workers) == 2
+        assert set(exc.reasons) == set(exc.workers), exc.reasons
+        assert all("killed for memory" in why for why in exc.reasons.values()), exc.reasons
+        assert "killed for memory" in str(exc) and "more memory than a worker has" in str(exc)
+        assert client.submit(getpid, 1, pure=False).result(timeout=20) in cluster.worker_pids

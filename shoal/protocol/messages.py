@@ -21,7 +21,9 @@ import msgspec
 # trailing fields (a GPU task run anywhere), so the handshake must refuse it instead.
 # 3: heartbeats, worker status (paused), nanny reports, retirement, unserialisable results.
 # 4: pushed cluster summaries, seceded tasks, progress watches, task group queries.
-PROTOCOL_VERSION = 4
+# 5: data plane: payload kind BYTES (a large bytes value as one out-of-band buffer);
+#    out-of-band buffers are no longer bounded by the frame limit.
+PROTOCOL_VERSION = 5
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -76,7 +78,7 @@ def check_resources(resources: Mapping[Any, Any]) -> dict[str, float]:
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
-    """A serialised user object. ``kind`` is MSGPACK or PICKLE (see serialize.py);
+    """A serialised user object. ``kind`` is MSGPACK, PICKLE or BYTES (serialize.py);
     ``nbuffers`` out-of-band buffers follow in the frame, in message order."""
 
     kind: int

@@ -8,8 +8,8 @@ connection only, after telling the peer why.
 
 The data plane: out-of-band buffers (arrays, large bytes) are written from where they
 lie, in chunks of at most ``CHUNK`` bytes, each only once the transport has written
-everything before it (its write buffer limits are zero, so ``pause_writing`` comes as
-soon as anything stays buffered, ``resume_writing`` once it is all out). Nothing is
+everything before it (its write buffer limits are 1 and 0 bytes, so ``pause_writing`` comes
+as soon as anything stays buffered, ``resume_writing`` once it is all out). Nothing is
 joined or copied wholesale and at most one chunk waits in the transport; frames sent
 meanwhile queue behind. Receiving is an ``asyncio.BufferedProtocol``: the kernel
 writes a buffer straight into its final allocation (``FrameDecoder.get_buffer``).
@@ -117,8 +117,9 @@ class Connection(asyncio.BufferedProtocol):
         # pause_writing as soon as anything stays buffered, resume once all is out: a
         # chunk of a large buffer is written only into an empty transport buffer, so
         # the kernel takes it from where it lies (the transport copies only what it
-        # could not take at once).
-        transport.set_write_buffer_limits(0, 0)  # type: ignore[attr-defined]
+        # could not take at once). Not (0, 0): asyncio's SSL transport pauses at
+        # ``size >= high``, so a high-water mark of 0 would pause it for good.
+        transport.set_write_buffer_limits(1, 0)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

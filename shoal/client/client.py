@@ -732,13 +732,14 @@ class Client(ClusterInfo):
     async def _scatter_async(
         self, data: Any, hash_keys: bool, only: list[str] | None = None
     ) -> Any:
+        encoded: dict[int, tuple[m.Payload, list[memoryview]]] = {}  # by id(value)
         if isinstance(data, dict):
             items = list(data.items())
         else:
             seq = data if isinstance(data, list | tuple | set | frozenset) else [data]
             items = []
             for value in seq:
-                payload, buffers = dumps_value(value)
+                payload, buffers = encoded[id(value)] = dumps_value(value)
                 if hash_keys:
                     h = hashlib.blake2b(payload.data, digest_size=12)
                     for b in buffers:
@@ -769,7 +770,7 @@ class Client(ClusterInfo):
             payloads: list[m.Payload] = []
             out_buffers: list[memoryview] = []
             for _, value in pairs:
-                payload, bufs = dumps_value(value)
+                payload, bufs = encoded.get(id(value)) or dumps_value(value)  # once each
                 payloads.append(payload)
                 out_buffers.extend(bufs)
             make = functools.partial(_update_data, keys=keys, payloads=payloads)

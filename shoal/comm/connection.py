@@ -62,6 +62,10 @@ SMALL_PIECE = 1 << 16
 CHUNK = 1 << 20
 
 
+def _nbytes(piece: bytes | memoryview) -> int:
+    return piece.nbytes if type(piece) is memoryview else len(piece)
+
+
 class CommClosedError(ConnectionError):
     """The connection closed before the operation could finish."""
 
@@ -324,7 +328,7 @@ class Connection(asyncio.BufferedProtocol):
         """Write the pieces of a frame: small ones joined, large ones in chunks as the
         transport drains, behind whatever is still queued."""
         assert self.transport is not None
-        if not self._wqueue and all(len(p) <= SMALL_PIECE for p in pieces):
+        if not self._wqueue and all(_nbytes(p) <= SMALL_PIECE for p in pieces):
             self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             return
         views: list[memoryview] = []

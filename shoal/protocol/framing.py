@@ -337,4 +337,6 @@ def _allocate(n: int, as_bytes: bool) -> tuple[Any, memoryview]:
         obj = _new_bytearray(None, n)
         return obj, memoryview(obj)
     except (MemoryError, SystemError) as e:
-        raise ProtocolError(f"cannot allocate a buffer of {n} bytes: {e or 'out of memory'}") from None
+        raise ProtocolError(
+            f"cannot allocate a buffer of {n} bytes: {e or 'out of memory'}"
+        ) from None

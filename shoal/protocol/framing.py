@@ -12,6 +12,12 @@ Layout (network byte order)::
 Like h11, :class:`FrameDecoder` is a pure object: bytes in, batches out. The caller
 owns the socket. Every protocol violation raises :class:`ProtocolError`, which the
 caller answers by closing that one connection.
+
+Limits: the body is bounded by ``max_frame_size`` (1 GiB by default), checked from the
+header before anything is allocated; the out-of-band buffers, which carry the data
+(arrays, large bytes), are bounded separately (by default by the machine's physical
+memory), so results and transfers of any size fit in one frame. Peers are
+authenticated before their first frame is decoded.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.restrictions import task_restrictions
-from shoal.comm.connection import CommClosedError, Connection
+from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
@@ -626,34 +626,51 @@ class Client(ClusterInfo):
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
         values: dict[Key, Any] = {}
-        async with asyncio.timeout(timeout):
-            while True:
-                await wait_states([f._state for f in futures])
-                for f in futures:
-                    st = f._state
-                    if st.status == "cancelled" or (st.status == "error" and errors == "raise"):
-                        assert st.exception is not None
-                        raise st.exception.with_traceback(None)
-                need = []
-                for f in futures:
-                    st = f._state
-                    if st.status == "finished" and f.key not in values:
-                        if st.has_value:
-                            values[f.key] = st.value
-                        else:
-                            need.append(st)
-                lost = await self._fetch(need, values)
-                for st in need:
-                    if st.status == "error" and errors == "raise":
-                        assert st.exception is not None
-                        raise st.exception.with_traceback(None)
-                if not lost:
-                    return values
-                # The data went with a worker. The scheduler recomputes it; its notice
-                # may have come already, so ask it to say again where each key stands.
-                for st in lost:
-                    st.reset()
-                self._send(m.WantKeys([st.key for st in lost], f"lost-{uuid.uuid4().hex[:8]}"))
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await self._gather_loop(futures, errors, values)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # e.g. a task's own TimeoutError
+            done = sum(f.key in values for f in futures)
+            keys = ", ".join(repr(f.key) for f in futures[:3])
+            keys += ", ..." if len(futures) > 3 else ""
+            raise TimeoutError(
+                f"gathering {len(futures)} results ({keys}) did not finish within {timeout}s "
+                f"({done} received)"
+            ) from None
+
+    async def _gather_loop(
+        self, futures: list[Future], errors: str, values: dict[Key, Any]
+    ) -> dict[Key, Any]:
+        while True:
+            await wait_states([f._state for f in futures])
+            for f in futures:
+                st = f._state
+                if st.status == "cancelled" or (st.status == "error" and errors == "raise"):
+                    assert st.exception is not None
+                    raise st.exception.with_traceback(None)
+            need = []
+            for f in futures:
+                st = f._state
+                if st.status == "finished" and f.key not in values:
+                    if st.has_value:
+                        values[f.key] = st.value
+                    else:
+                        need.append(st)
+            lost = await self._fetch(need, values)
+            for st in need:
+                if st.status == "error" and errors == "raise":
+                    assert st.exception is not None
+                    raise st.exception.with_traceback(None)
+            if not lost:
+                return values
+            # The data went with a worker. The scheduler recomputes it; its notice
+            # may have come already, so ask it to say again where each key stands.
+            for st in lost:
+                st.reset()
+            self._send(m.WantKeys([st.key for st in lost], f"lost-{uuid.uuid4().hex[:8]}"))
 
     async def _fetch(self, states: list[FutureState], values: dict[Key, Any]) -> list[FutureState]:
         """Fetch from workers; return the states whose data no worker holds now."""
@@ -675,9 +692,22 @@ class Client(ClusterInfo):
         )
         for (worker, ks), res in zip(by_worker.items(), results):
             if isinstance(res, BaseException):
-                logger.info("could not fetch %d keys from %s: %s", len(ks), worker, res)
-                lost_keys.update(ks)  # ask again: the scheduler will know more by then
-                await asyncio.sleep(0.05)
+                if _connection_failure(res):
+                    logger.info("could not fetch %d keys from %s: %s", len(ks), worker, res)
+                    lost_keys.update(ks)  # ask again: the scheduler will know more by then
+                    await asyncio.sleep(0.05)
+                    continue
+                # The reply came but cannot be used (it broke the protocol, or does not
+                # load here): asking again would fail the same way.
+                failed_keys = set(ks)
+                for st in states:
+                    if st.key in failed_keys and st.status == "finished":
+                        err = SerializationError(
+                            f"the result of {st.key!r} could not be received from {worker}: "
+                            f"{type(res).__name__}: {res}"
+                        )
+                        err.__cause__ = res
+                        st.set_error(err, "")
                 continue
             got, missing, failed, unloadable = res
             values.update(got)
@@ -718,6 +748,7 @@ class Client(ClusterInfo):
     async def _scatter_async(
         self, data: Any, hash_keys: bool, only: list[str] | None = None
     ) -> Any:
+        encoded: dict[int, tuple[m.Payload, list[memoryview]]] = {}  # by id(value)
         if isinstance(data, dict):
             items = list(data.items())
             for key, _ in items:
@@ -726,7 +757,7 @@ class Client(ClusterInfo):
             seq = data if isinstance(data, list | tuple | set | frozenset) else [data]
             items = []
             for value in seq:
-                payload, buffers = dumps_value(value)
+                payload, buffers = encoded[id(value)] = dumps_value(value)
                 if hash_keys:
                     h = hashlib.blake2b(payload.data, digest_size=12)
                     for b in buffers:
@@ -757,7 +788,7 @@ class Client(ClusterInfo):
             payloads: list[m.Payload] = []
             out_buffers: list[memoryview] = []
             for _, value in pairs:
-                payload, bufs = dumps_value(value)
+                payload, bufs = encoded.get(id(value)) or dumps_value(value)  # once each
                 payloads.append(payload)
                 out_buffers.extend(bufs)
             make = functools.partial(_update_data, keys=keys, payloads=payloads)
@@ -776,6 +807,14 @@ class Client(ClusterInfo):
             out = [futures[k] for k, _ in items]
             return type(data)(out) if isinstance(data, tuple) else out
         return futures[items[0][0]]
+
+
+def _connection_failure(exc: BaseException) -> bool:
+    """A failure to reach a worker or keep its connection (worth asking again, once the
+    scheduler knows more), as opposed to a reply that cannot be used."""
+    if isinstance(exc, PeerProtocolError):
+        return False
+    return isinstance(exc, OSError | TimeoutError | asyncio.CancelledError)
 
 
 def _update_data(request_id: int, keys: list[Key], payloads: list[m.Payload]) -> m.Message:

@@ -6,6 +6,14 @@ produced by handling one batch shares a frame. Incoming frames are decoded by th
 pure :class:`~shoal.protocol.framing.FrameDecoder`; a protocol violation closes this
 connection only, after telling the peer why.
 
+The data plane: out-of-band buffers (arrays, large bytes) are written from where they
+lie, in chunks of at most ``CHUNK`` bytes, each only once the transport has written
+everything before it (its write buffer limits are 1 and 0 bytes, so ``pause_writing`` comes
+as soon as anything stays buffered, ``resume_writing`` once it is all out). Nothing is
+joined or copied wholesale and at most one chunk waits in the transport; frames sent
+meanwhile queue behind. Receiving is an ``asyncio.BufferedProtocol``: the kernel
+writes a buffer straight into its final allocation (``FrameDecoder.get_buffer``).
+
 Before the first frame, a connection runs the authentication preamble
 (:mod:`shoal.comm.handshake`) on raw bytes: nothing reaches the decoder until the
 peer has proven it knows the cluster token.
@@ -14,6 +22,7 @@ peer has proven it knows the cluster token.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -47,11 +56,26 @@ _REPLIES = (
 )
 
 
+# Pieces of a frame up to this size are joined and written at once; larger ones are
+# written in chunks of CHUNK bytes as the transport drains.
+SMALL_PIECE = 1 << 16
+CHUNK = 1 << 20
+
+
+def _nbytes(piece: bytes | memoryview) -> int:
+    return piece.nbytes if type(piece) is memoryview else len(piece)
+
+
 class CommClosedError(ConnectionError):
     """The connection closed before the operation could finish."""
 
 
-class Connection(asyncio.Protocol):
+class PeerProtocolError(CommClosedError):
+    """The connection was closed because what the peer sent broke the protocol (an
+    undecodable reply, for instance): asking again would fail the same way."""
+
+
+class Connection(asyncio.BufferedProtocol):
     _ids = itertools.count(1)
     # Set (per process) when running with validate=True: a broken invariant is a bug
     # that must fail loudly, not close one connection.
@@ -71,6 +95,11 @@ class Connection(asyncio.Protocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.on_close: Callable[[Connection, BaseException | None], None] | None = None
         self.decoder = FrameDecoder(max_frame_size)
+        self._wqueue: collections.deque[memoryview] = collections.deque()  # behind a chunk
+        self._wqueued = 0  # bytes in _wqueue
+        self._write_paused = False
+        self._close_when_drained = False  # close() with data still queued
+        self._protocol_error = False  # closed for what the peer sent
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.closed = False
@@ -89,6 +118,12 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        # pause_writing as soon as anything stays buffered, resume once all is out: a
+        # chunk of a large buffer is written only into an empty transport buffer, so
+        # the kernel takes it from where it lies (the transport copies only what it
+        # could not take at once). Not (0, 0): asyncio's SSL transport pauses at
+        # ``size >= high``, so a high-water mark of 0 would pause it for good.
+        transport.set_write_buffer_limits(1, 0)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -101,22 +136,42 @@ class Connection(asyncio.Protocol):
                     self._handshake_timeout, self._handshake_expired
                 )
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
-        if self.handshake is not None:
-            data = self._preamble_received(data)
-            if not data:
-                return
         try:
-            frames = self.decoder.feed(data)
+            if self.handshake is not None:
+                data = bytes(self.decoder.get_buffer()[:nbytes])  # the scratch area
+                data = self._preamble_received(data)
+                if not data:
+                    return
+                frames = self.decoder.feed(data)
+            else:
+                frames = self.decoder.buffer_updated(nbytes)
         except ProtocolError as e:
-            self.abort(f"protocol error from {self.peer}: {e}")
+            self._protocol_abort(f"protocol error from {self.peer}: {e}")
             return
         for frame in frames:
             if self.closed:
                 return
             self._dispatch(frame)
+
+    def data_received(self, data: bytes) -> None:
+        """For transports that do not use the buffer protocol (and for tests)."""
+        while data and not self.closed:
+            view = self.get_buffer(len(data))
+            n = min(len(view), len(data))
+            view[:n] = data[:n]
+            del view
+            data = data[n:]
+            self.buffer_updated(n)
+
+    def _protocol_abort(self, reason: str) -> None:
+        self._protocol_error = True
+        self.abort(reason)
 
     def _preamble_received(self, data: bytes) -> bytes:
         """Feed the preamble; return what is left for the frame decoder once it is over."""
@@ -164,7 +219,7 @@ class Connection(asyncio.Protocol):
             try:
                 frame = self._resolve_replies(frame)
             except ProtocolError as e:
-                self.abort(f"protocol error from {self.peer}: {e}")
+                self._protocol_abort(f"protocol error from {self.peer}: {e}")
                 return
             if not frame.messages:
                 return
@@ -176,7 +231,7 @@ class Connection(asyncio.Protocol):
         try:
             self.on_frame(self, frame)
         except ProtocolError as e:
-            self.abort(f"protocol error from {self.peer}: {e}")
+            self._protocol_abort(f"protocol error from {self.peer}: {e}")
         except (InvalidState, InvalidTransition) as e:
             if self.fatal_on_invalid_state:  # validate mode: a broken invariant stops all
                 logger.critical("state machine failure, exiting:\n%s", e)
@@ -206,7 +261,9 @@ class Connection(asyncio.Protocol):
             self._handshake_timer.cancel()
         if self.close_reason is None:
             self.close_reason = f"connection to {self.peer} closed" + (f": {exc}" if exc else "")
-        err = CommClosedError(self.close_reason)
+        self._drop_writes()
+        cls = PeerProtocolError if self._protocol_error else CommClosedError
+        err = cls(self.close_reason)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -224,12 +281,23 @@ class Connection(asyncio.Protocol):
                 logger.exception("error in close handler for %s", self.peer)
 
     def pause_writing(self) -> None:
-        if self._paused is None or self._paused.done():
-            self._paused = self._loop.create_future()
+        self._write_paused = True
 
     def resume_writing(self) -> None:
-        if self._paused is not None and not self._paused.done():
+        self._write_paused = False
+        if self._wqueue:
+            self._pump()
+        if not self._wqueue and self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """Bytes held for this connection: received for a frame not yet complete, and
+        queued to send (here and in the transport)."""
+        out = self._wqueued
+        if self.transport is not None and not self.closed:
+            out += self.transport.get_write_buffer_size()
+        return self.decoder.buffered + out
 
     # ---------------------------------------------------------------- sending
 
@@ -249,7 +317,7 @@ class Connection(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         self.flush()
-        self.transport.writelines(pieces)
+        self._write(pieces)
 
     def last_queued(self) -> m.Message | None:
         """The newest message not yet written, if any (for coalescing)."""
@@ -263,11 +331,57 @@ class Connection(asyncio.Protocol):
             return  # sent once our part of the preamble is out
         out, bufs = self._out, self._out_buffers
         self._out, self._out_buffers = [], []
-        self.transport.writelines(encode_frame(out, bufs))
+        self._write(encode_frame(out, bufs))
+
+    def _write(self, pieces: list[bytes | memoryview]) -> None:
+        """Write the pieces of a frame: small ones joined, large ones in chunks as the
+        transport drains, behind whatever is still queued."""
+        assert self.transport is not None
+        if not self._wqueue and all(_nbytes(p) <= SMALL_PIECE for p in pieces):
+            self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            return
+        views: list[memoryview] = []
+        small: list[bytes | memoryview] = []
+        for piece in pieces:
+            view = memoryview(piece)
+            if view.nbytes <= SMALL_PIECE:
+                small.append(view)
+                continue
+            if small:
+                views.append(memoryview(b"".join(small)))
+                small = []
+            views.append(view if view.ndim == 1 and view.itemsize == 1 else view.cast("B"))
+        if small:
+            views.append(memoryview(b"".join(small)))
+        self._wqueue.extend(views)
+        self._wqueued += sum(v.nbytes for v in views)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write queued pieces, a chunk at a time, until the transport holds some."""
+        queue, transport = self._wqueue, self.transport
+        assert transport is not None
+        while queue and not self._write_paused and not transport.is_closing():
+            head = queue[0]
+            if head.nbytes <= CHUNK:
+                queue.popleft()
+                chunk = head
+            else:
+                chunk, queue[0] = head[:CHUNK], head[CHUNK:]
+            self._wqueued -= chunk.nbytes
+            transport.write(chunk)
+        if not queue and self._close_when_drained and not transport.is_closing():
+            transport.close()
+
+    def _drop_writes(self) -> None:
+        self._wqueue.clear()  # no reference to a sent value outlives the connection
+        self._wqueued = 0
 
     async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
-        if self._paused is not None and not self._paused.done():
+        """Wait until what was sent has been handed to the kernel."""
+        while not self.closed and (self._write_paused or self._wqueue):
+            if self._paused is None or self._paused.done():
+                self._paused = self._loop.create_future()
             await self._paused
         if self.closed:
             raise CommClosedError(self.close_reason or "connection closed")
@@ -329,12 +443,17 @@ class Connection(asyncio.Protocol):
         self.close_reason = reason
         self._out.clear()
         self._out_buffers.clear()
+        self._drop_writes()
         self._out.append(m.Refused(reason[:2000]))
         self.flush()
         self.close()
 
     def close(self) -> None:
+        """Close once everything sent so far is written."""
         if self.transport is not None and not self.transport.is_closing():
             self.flush()
-            self.transport.close()
+            if self._wqueue:
+                self._close_when_drained = True
+            else:
+                self.transport.close()
         self.closed = True

@@ -29,11 +29,17 @@ class ConnectionPool:
 
     async def get(self, address: str) -> Connection:
         fut = self._conns.get(address)
-        if fut is not None and fut.done() and (fut.exception() or fut.result().closed):
+        if (
+            fut is not None
+            and fut.done()
+            and (fut.cancelled() or fut.exception() or fut.result().closed)
+        ):
             fut = None
         if fut is None:
             fut = self._conns[address] = asyncio.ensure_future(self._open(address))
-        return await fut
+        # Shielded: a caller that gives up (a timeout) must not cancel the connection
+        # attempt that other callers share.
+        return await asyncio.shield(fut)
 
     async def _open(self, address: str) -> Connection:
         conn, _ = await connect(

@@ -12,23 +12,36 @@ Layout (network byte order)::
 Like h11, :class:`FrameDecoder` is a pure object: bytes in, batches out. The caller
 owns the socket. Every protocol violation raises :class:`ProtocolError`, which the
 caller answers by closing that one connection.
+
+Limits: the body is bounded by ``max_frame_size`` (1 GiB by default), checked from the
+header before anything is allocated; the out-of-band buffers, which carry the data
+(arrays, large bytes), are bounded separately (by default by the machine's physical
+memory), so results and transfers of any size fit in one frame. Peers are
+authenticated before their first frame is decoded.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from shoal.protocol.messages import ALL_MESSAGES, AnyMessage, Message
+from shoal.protocol.serialize import BYTES
 
 MAGIC = b"SH"
 _HEADER = struct.Struct("!2sHI")
 _BUFLEN = struct.Struct("!Q")
 HEADER_SIZE = _HEADER.size
+# Bounds the header, buffer lengths and msgpack body of a frame (what is allocated
+# before a frame is known to be valid); out-of-band buffers have a bound of their own.
 DEFAULT_MAX_FRAME = 1 << 30  # 1 GiB
+SCRATCH_SIZE = 1 << 18  # bytes read at once while not inside a buffer
 MAX_BUFFERS = 1 << 15
 
 
@@ -113,26 +126,74 @@ def message_buffers(frame: Frame) -> list[tuple[Message, list[memoryview]]]:
 
 
 class FrameDecoder:
-    """Incremental frame parser. ``feed`` returns every frame completed by ``data``."""
+    """Incremental frame parser. ``feed`` returns every frame completed by ``data``.
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME):
+    The body is bounded by ``max_frame_size``, checked from the header alone (the
+    header and buffer lengths before it are bounded by ``MAX_BUFFERS``). Out-of-band buffers are bounded by ``max_buffer_size`` (in all,
+    per frame; by default this machine's physical memory), checked at the same point.
+    The body is decoded as soon as it is complete, so a malformed body is refused
+    before any buffer is allocated.
+
+    Each out-of-band buffer gets its own final allocation, made when its first byte
+    arrives: a ``bytearray`` (arrays rebuilt from it are writable), or a ``bytes`` for
+    the buffer of a bytes payload (see :func:`shoal.protocol.serialize.dumps_value`).
+    Besides ``feed`` (bytes in), the decoder offers the ``asyncio.BufferedProtocol``
+    pair: :meth:`get_buffer` hands out where the next bytes go (a view into the
+    buffer being read, so the kernel writes large data straight into place; a small
+    scratch area otherwise) and :meth:`buffer_updated` takes note of what was written.
+    """
+
+    def __init__(
+        self,
+        max_frame_size: int = DEFAULT_MAX_FRAME,
+        max_buffer_size: int | None = None,
+        scratch_size: int = SCRATCH_SIZE,
+    ):
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
-        self._need: int | None = None  # total size of the frame being read, once known
-        self._layout: tuple[int, list[int]] | None = None
+        self.max_buffer_size = physical_memory() if max_buffer_size is None else max_buffer_size
+        self._buf = bytearray()  # received, not yet consumed
+        self._scratch = bytearray(scratch_size)
+        self._scratch_view = memoryview(self._scratch)
+        self._layout: tuple[int, int, list[int]] | None = None  # prefix, body, buffers
+        self._messages: list[Message] | None = None  # decoded body of the frame being read
+        self._bytes_at: frozenset[int] = frozenset()  # buffers that become ``bytes``
+        self._buffers: list[memoryview] = []  # the completed buffers of that frame
+        self._target: Any = None  # the allocation of the buffer being read
+        self._target_view: memoryview | None = None  # a writable view of it
+        self._filled = 0  # bytes of it written
+        self._held = 0  # bytes of the unfinished frame consumed from the input
+        self._direct = False  # get_buffer handed out a view into the target
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        """Bytes received and held that no returned frame holds yet."""
+        return len(self._buf) + self._held
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         self._buf += data
-        frames: list[Frame] = []
-        while True:
-            frame = self._next_frame()
-            if frame is None:
-                return frames
-            frames.append(frame)
+        return self._frames()
+
+    # ------------------------------------------------------------ BufferedProtocol pair
+
+    def get_buffer(self) -> memoryview:
+        """A writable, non-empty view for the next bytes received."""
+        view = self._target_view
+        if view is not None and not self._buf:
+            self._direct = True
+            return view[self._filled :]
+        self._direct = False
+        return self._scratch_view
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """``nbytes`` were written at the start of the view :meth:`get_buffer` returned."""
+        if not self._direct:
+            return self.feed(self._scratch_view[:nbytes])
+        self._direct = False
+        self._filled += nbytes
+        self._held += nbytes
+        return self._frames()
+
+    # ------------------------------------------------------------ parsing
 
     def _read_layout(self) -> bool:
         buf = self._buf
@@ -143,44 +204,145 @@ class FrameDecoder:
             raise ProtocolError(f"not a shoal frame (bad magic {bytes(magic)!r})")
         if nbuffers > MAX_BUFFERS:
             raise ProtocolError(f"frame declares {nbuffers} buffers (limit {MAX_BUFFERS})")
+        if body_len > self.max_frame_size:
+            raise ProtocolError(
+                f"frame of {body_len} bytes exceeds the limit of {self.max_frame_size} bytes"
+            )
         lengths_end = HEADER_SIZE + nbuffers * _BUFLEN.size
         if len(buf) < lengths_end:
             return False
-        lengths = [
-            _BUFLEN.unpack_from(buf, HEADER_SIZE + i * _BUFLEN.size)[0] for i in range(nbuffers)
-        ]
-        total = body_len + sum(lengths)
-        if total > self.max_frame_size:
+        lengths = list(struct.unpack_from(f"!{nbuffers}Q", buf, HEADER_SIZE))
+        total = sum(lengths)
+        if total > self.max_buffer_size:
             raise ProtocolError(
-                f"frame of {total} bytes exceeds the limit of {self.max_frame_size} bytes"
+                f"out-of-band buffers of {total} bytes exceed the limit of "
+                f"{self.max_buffer_size} bytes for buffers"
             )
-        self._layout = (body_len, lengths)
-        self._need = lengths_end + total
+        self._layout = (lengths_end + body_len, body_len, lengths)
         return True
 
+    def _frames(self) -> list[Frame]:
+        frames: list[Frame] = []
+        while True:
+            frame = self._next_frame()
+            if frame is None:
+                return frames
+            frames.append(frame)
+
     def _next_frame(self) -> Frame | None:
-        if self._need is None and not self._read_layout():
-            return None
-        assert self._need is not None and self._layout is not None
-        if len(self._buf) < self._need:
-            return None
-        body_len, lengths = self._layout
-        start = HEADER_SIZE + len(lengths) * _BUFLEN.size
-        if lengths:
-            # Buffers are slices of one private bytearray: zero-copy and writable.
-            whole = self._buf[: self._need]
-            del self._buf[: self._need]
-            view = memoryview(whole)
-            body = view[start : start + body_len]
-            buffers = []
-            pos = start + body_len
-            for n in lengths:
-                buffers.append(view[pos : pos + n])
-                pos += n
-        else:
-            body = bytes(self._buf[start : self._need])  # type: ignore[assignment]
-            del self._buf[: self._need]
-            buffers = []
-        self._need = None
+        if self._messages is None:
+            if self._layout is None and not self._read_layout():
+                return None
+            assert self._layout is not None
+            prefix, body_len, lengths = self._layout
+            buf = self._buf
+            if len(buf) < prefix:
+                return None
+            view = memoryview(buf)
+            body = view[prefix - body_len : prefix]
+            try:
+                messages = decode_body(body)
+            finally:
+                body.release()
+                view.release()
+            del buf[:prefix]
+            if not lengths:
+                self._layout = None
+                return Frame(messages, [])
+            self._messages = messages
+            self._bytes_at = _bytes_buffers(messages)
+            self._held = prefix
+        return self._read_buffers()
+
+    def _read_buffers(self) -> Frame | None:
+        assert self._layout is not None and self._messages is not None
+        lengths = self._layout[2]
+        buffers = self._buffers
+        buf = self._buf
+        while len(buffers) < len(lengths):
+            i = len(buffers)
+            n = lengths[i]
+            if self._target_view is None:
+                if not buf and n:  # allocate once its first byte is here
+                    return None
+                self._target, self._target_view = _allocate(n, i in self._bytes_at)
+                self._filled = 0
+            target = self._target_view
+            if buf and self._filled < n:
+                take = min(len(buf), n - self._filled)
+                target[self._filled : self._filled + take] = memoryview(buf)[:take]
+                del buf[:take]
+                self._filled += take
+                self._held += take
+            if self._filled < n:
+                return None
+            target.release()
+            obj = self._target
+            buffers.append(memoryview(obj))
+            self._target = self._target_view = None
+        frame = Frame(self._messages, buffers)
+        self._messages = None
         self._layout = None
-        return Frame(decode_body(body), buffers)
+        self._buffers = []
+        self._bytes_at = frozenset()
+        self._held = 0
+        return frame
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (1 TiB if it cannot be told)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 40
+
+
+def _bytes_buffers(messages: list[Message]) -> frozenset[int]:
+    """The indices of the buffers that are the whole of a bytes payload."""
+    out = []
+    i = 0
+    for msg in messages:
+        if type(msg) in _OWN_BUFFERS:
+            for p in msg.payloads:  # type: ignore[attr-defined]
+                if p.kind == BYTES and p.nbuffers == 1 and not p.data:
+                    out.append(i)
+                i += p.nbuffers
+    return frozenset(out)
+
+
+# Uninitialised allocations: every byte is written from the socket before anyone sees
+# the object (the C idiom ``PyBytes_FromStringAndSize(NULL, n)``), so neither a memset
+# nor a copy into a ``bytes`` afterwards is paid. Large ones come from mmap: their
+# pages are only committed as data arrives, and go back to the system when freed.
+_DIRECT_MIN = 1 << 16
+_new_bytes: Any = None
+_new_bytearray: Any = None
+if sys.implementation.name == "cpython":  # pragma: no branch
+    try:
+        _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+        _new_bytes.restype = ctypes.py_object
+        _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+        _new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+        _new_bytearray.restype = ctypes.py_object
+        _new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    except (AttributeError, OSError):  # pragma: no cover
+        _new_bytes = _new_bytearray = None
+_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # offsetof(PyBytesObject, ob_sval)
+
+
+def _allocate(n: int, as_bytes: bool) -> tuple[Any, memoryview]:
+    """A new object of ``n`` bytes and a writable view of its storage."""
+    try:
+        if n < _DIRECT_MIN or _new_bytearray is None:
+            obj: Any = bytearray(n)
+            return obj, memoryview(obj)
+        if as_bytes and _new_bytes is not None:
+            obj = _new_bytes(None, n)
+            raw = (ctypes.c_char * n).from_address(id(obj) + _BYTES_DATA_OFFSET)
+            return obj, memoryview(raw).cast("B")
+        obj = _new_bytearray(None, n)
+        return obj, memoryview(obj)
+    except (MemoryError, SystemError) as e:
+        raise ProtocolError(
+            f"cannot allocate a buffer of {n} bytes: {e or 'out of memory'}"
+        ) from None

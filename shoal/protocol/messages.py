@@ -26,7 +26,9 @@ import msgspec
 #    ends) and CancelKeys.force (interrupt running tasks).
 # 7: a task erred because a dependency's data cannot be had names it (TaskErred.blamed);
 #    keys are never NaN, nor hold None or bools (as Dask); results carry their run_id.
-PROTOCOL_VERSION = 7
+# 8: payload kind BYTES (a large bytes value as one out-of-band buffer); out-of-band
+#    buffers are no longer bounded by the frame limit.
+PROTOCOL_VERSION = 8
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -114,7 +116,7 @@ def check_resources(resources: Mapping[Any, Any]) -> dict[str, float]:
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
-    """A serialised user object. ``kind`` is MSGPACK or PICKLE (see serialize.py);
+    """A serialised user object. ``kind`` is MSGPACK, PICKLE or BYTES (serialize.py);
     ``nbuffers`` out-of-band buffers follow in the frame, in message order."""
 
     kind: int

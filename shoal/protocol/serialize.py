@@ -30,6 +30,10 @@ from shoal.protocol.messages import Key, Payload
 
 MSGPACK = 0
 PICKLE = 1
+# A large bytes, bytearray or memoryview: the value is its one out-of-band buffer, sent
+# from where it lies and received in place (a ``bytes`` is built by the frame decoder
+# straight from the socket). ``data`` is empty for bytes, else msgpack of the type.
+BYTES = 2
 _KEY_EXT = 1
 _OOB_THRESHOLD = 64 * 1024  # buffers at least this large travel out of band
 INLINE_LIMIT = 1024  # results this small ride along with the completion message
@@ -37,6 +41,7 @@ INLINE_LIMIT = 1024  # results this small ride along with the completion message
 _mp_encoder = msgspec.msgpack.Encoder()
 _key_decoder = msgspec.msgpack.Decoder(Key)
 _PLAIN_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
+_BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
 
 
 class SerializationError(TypeError):
@@ -353,7 +358,54 @@ def _unpickle(
 # --- values (results, scattered data, exceptions) -----------------------------------
 
 
+def _dumps_bytes(obj: Any) -> tuple[Payload, list[memoryview]] | None:
+    """A BYTES payload for a large bytes, bytearray or contiguous memoryview."""
+    t = type(obj)
+    if t is bytes:
+        if len(obj) < _OOB_THRESHOLD:
+            return None
+        return Payload(BYTES, b"", 1), [memoryview(obj)]
+    if t is bytearray:
+        if len(obj) < _OOB_THRESHOLD:
+            return None
+        return Payload(BYTES, _mp_encoder.encode(["bytearray"]), 1), [memoryview(obj)]
+    if t is memoryview:
+        if obj.nbytes < _OOB_THRESHOLD or not obj.c_contiguous:
+            return None
+        info = ["memoryview", obj.format, list(obj.shape), obj.readonly]
+        return Payload(BYTES, _mp_encoder.encode(info), 1), [obj.cast("B")]
+    return None
+
+
+def _loads_bytes(payload: Payload, buffers: list[memoryview]) -> Any:
+    if len(buffers) != 1:
+        raise SerializationError(f"a bytes payload carries {len(buffers)} buffers, not 1")
+    buf = buffers[0]
+    if not payload.data:
+        obj = buf.obj
+        if type(obj) is bytes and len(obj) == buf.nbytes:  # built in place on receipt
+            return obj
+        return buf.tobytes()
+    info = msgspec.msgpack.decode(payload.data)
+    if info == ["bytearray"]:
+        obj = buf.obj
+        if type(obj) is bytearray and len(obj) == buf.nbytes:  # received in place
+            return obj
+        return bytearray(buf)
+    if isinstance(info, list) and len(info) == 4 and info[0] == "memoryview":
+        _, fmt, shape, readonly = info
+        view = memoryview(bytes(buf) if readonly else buf.cast("B"))
+        if readonly and not view.readonly:  # pragma: no cover
+            view = view.toreadonly()
+        return view.cast(fmt, shape) if shape else view.cast(fmt)
+    raise SerializationError(f"unknown bytes payload {info!r}")
+
+
 def dumps_value(obj: Any) -> tuple[Payload, list[memoryview]]:
+    if type(obj) in _BYTES_TYPES:
+        out = _dumps_bytes(obj)
+        if out is not None:
+            return out
     if _plain(obj, None):
         try:
             return Payload(MSGPACK, _mp_encoder.encode(obj)), []
@@ -367,6 +419,8 @@ def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> An
         return msgspec.msgpack.decode(payload.data)
     if payload.kind == PICKLE:
         return _unpickle(payload.data, buffers or [], None, None)
+    if payload.kind == BYTES:
+        return _loads_bytes(payload, buffers or [])
     raise SerializationError(f"unknown payload kind {payload.kind}")
 
 

@@ -20,7 +20,10 @@ from shoal.protocol.framing import (
     decode_body,
     encode_body,
     encode_frame,
+    message_buffers,
+    physical_memory,
 )
+from shoal.protocol.serialize import BYTES, dumps_value, loads_value
 
 # The documented layout, written out independently of the implementation.
 HEADER = struct.Struct("!2sHI")  # magic, nbuffers, body length
@@ -207,6 +210,172 @@ def test_buffers_survive_later_feeds():
     assert first.buffers[0].tobytes() == b"A" * 1000
 
 
+# --- reading into place (the asyncio.BufferedProtocol pair) -----------------------------------
+
+
+def read_like_a_socket(decoder, data: bytes, most: int):
+    """Write ``data`` as a socket would: into whatever ``get_buffer`` returns, at most
+    ``most`` bytes a time. Returns the frames and the objects the views wrote into."""
+    frames, targets = [], []
+    pos = 0
+    while pos < len(data):
+        view = decoder.get_buffer()
+        assert len(view) > 0 and not view.readonly
+        n = min(len(view), most, len(data) - pos)
+        view[:n] = data[pos : pos + n]
+        targets.append(view.obj)
+        del view
+        pos += n
+        frames += decoder.buffer_updated(n)
+    return frames, targets
+
+
+BIG = bytes(range(256)) * 1200  # 307,200 bytes: large enough to be read in place
+
+
+@pytest.mark.parametrize("most", [13, 4096, 65_536, 1 << 22])
+def test_large_buffers_are_read_in_place(most):
+    bufs = [b"small", BIG, b"", BIG[::-1]]
+    msgs = [m.Ack(request_id=7)]
+    data = frame_bytes(msgs, bufs) + frame_bytes([m.Ack(request_id=8)]) * 2
+    decoder = FrameDecoder()
+    frames, targets = read_like_a_socket(decoder, data, most)
+    assert [as_tuple(f) for f in frames] == [
+        (msgs, bufs),
+        ([m.Ack(request_id=8)], []),
+        ([m.Ack(request_id=8)], []),
+    ]
+    assert decoder.buffered == 0
+    big = frames[0].buffers[1]
+    assert not big.readonly and type(big.obj) is bytearray and len(big.obj) == len(BIG)
+    # Past the first read, the socket wrote into the buffer's own allocation.
+    assert sum(t is big.obj for t in targets) >= (len(BIG) - SCRATCH) // min(most, len(BIG))
+    assert frames[0].buffers[3].obj is not big.obj
+
+
+SCRATCH = 1 << 18
+
+
+def test_a_bytes_payload_is_received_as_bytes_in_place():
+    value = b"q" * 100_000 + b"end"
+    payload, bufs = dumps_value(value)
+    assert payload.kind == BYTES and len(bufs) == 1 and bufs[0].obj is value  # zero-copy
+    msgs = [m.DataReply(request_id=1, keys=["k"], payloads=[payload])]
+    data = frame_bytes(msgs, bufs)
+    for most in (1000, 1 << 20):
+        decoder = FrameDecoder()
+        [frame], targets = read_like_a_socket(decoder, data, most)
+        [(msg, got)] = message_buffers(frame)
+        assert type(got[0].obj) is bytes and got[0].readonly
+        result = loads_value(msg.payloads[0], got)
+        assert result is got[0].obj  # no copy on receipt
+        assert result == value and hash(result) == hash(value)
+    # fed as bytes, the same
+    [frame] = FrameDecoder().feed(data)
+    assert loads_value(frame.messages[0].payloads[0], frame.buffers) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"x" * 70_000,
+        bytearray(b"y" * 70_000),
+        memoryview(b"z" * 80_000),
+        memoryview(bytearray(80_000)).cast("d"),
+        memoryview(bytes(range(256)) * 300).cast("B", (300, 256)),
+    ],
+    ids=["bytes", "bytearray", "memoryview", "memoryview-doubles", "memoryview-2d"],
+)
+def test_bytes_like_values_travel_as_one_buffer(value):
+    payload, bufs = dumps_value(value)
+    assert payload.kind == BYTES and len(bufs) == 1
+    assert len(payload.data) < 100  # the data is not in the body
+    msgs = [m.DataReply(request_id=1, keys=["k"], payloads=[payload])]
+    [frame] = FrameDecoder().feed(frame_bytes(msgs, bufs))
+    back = loads_value(frame.messages[0].payloads[0], frame.buffers)
+    assert type(back) is type(value)
+    if isinstance(value, memoryview):
+        assert (back.format, back.shape, back.readonly) == (
+            value.format,
+            value.shape,
+            value.readonly,
+        )
+        assert back.tobytes() == value.tobytes()
+    else:
+        assert back == value
+
+
+def test_small_bytes_stay_in_the_body():
+    payload, bufs = dumps_value(b"x" * 1000)
+    assert payload.kind != BYTES and bufs == []
+    assert loads_value(payload, bufs) == b"x" * 1000
+
+
+def test_arrays_arrive_writable_and_in_place():
+    np = pytest.importorskip("numpy")
+    arr = np.arange(100_000, dtype="f8")
+    payload, bufs = dumps_value(arr)
+    assert len(bufs) == 1 and bufs[0].nbytes == arr.nbytes
+    msgs = [m.DataReply(request_id=1, keys=["k"], payloads=[payload])]
+    [frame], _ = read_like_a_socket(FrameDecoder(), frame_bytes(msgs, bufs), 1 << 20)
+    back = loads_value(frame.messages[0].payloads[0], frame.buffers)
+    assert back.flags.writeable and (back == arr).all()
+    back[0] = -1.0
+    assert frame.buffers[0].cast("d")[0] == -1.0  # the array is the received buffer
+
+
+def test_the_decoder_keeps_no_reference_to_a_returned_frame():
+    decoder = FrameDecoder()
+    data = frame_bytes([m.Ack(request_id=1)], [BIG * 10, b"x"])
+    tracemalloc.start()
+    try:
+        frames, _ = read_like_a_socket(decoder, data, 1 << 16)
+        held, _ = tracemalloc.get_traced_memory()
+        del frames, _
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held > len(BIG) * 10
+    assert after < held - len(BIG) * 10
+    assert decoder.buffered == 0
+
+
+def test_split_anywhere_around_large_buffers():
+    """Two feeds, cut at every byte of the header, lengths, body and the edges of each
+    buffer (and every 997th byte inside them)."""
+    payload, bbufs = dumps_value(b"b" * 70_001)
+    msgs = [m.DataReply(request_id=1, keys=["k", "j"], payloads=[payload, PAYLOAD])]
+    bufs = [*bbufs, BIG]
+    data = frame_bytes(msgs, bufs)
+    prefix = len(data) - sum(len(b) for b in bufs)
+    edges = [prefix, prefix + 70_001, len(data)]
+    cuts = set(range(prefix + 3))
+    for e in edges:
+        cuts.update(range(max(0, e - 3), min(len(data), e + 4)))
+    cuts.update(range(0, len(data), 997))
+    for cut in sorted(cuts):
+        decoder = FrameDecoder()
+        frames = decoder.feed(data[:cut]) + decoder.feed(data[cut:])
+        [frame] = frames
+        assert frame.messages == msgs
+        assert [bytes(b) for b in frame.buffers] == [bytes(b) for b in bufs]
+        assert type(frame.buffers[0].obj) is bytes
+        assert decoder.buffered == 0
+
+
+def test_many_frames_with_large_buffers_in_one_feed():
+    chunks, want = [], []
+    for i in range(6):
+        bufs = [bytes([i]) * (70_000 + i), b"s" * i] if i % 2 else []
+        msgs = [m.Ack(request_id=i)]
+        chunks.append(frame_bytes(msgs, bufs))
+        want.append((msgs, bufs))
+    data = b"".join(chunks)
+    assert [as_tuple(f) for f in FrameDecoder().feed(data)] == want
+    frames, _ = read_like_a_socket(FrameDecoder(), data, 1 << 30)
+    assert [as_tuple(f) for f in frames] == want
+
+
 def test_encoder_refuses_too_many_buffers():
     with pytest.raises(ProtocolError, match="buffers"):
         encode_frame([], [b""] * (MAX_BUFFERS + 1))
@@ -222,14 +391,48 @@ def test_max_buffers_is_accepted():
 # --- limits and violations ----------------------------------------------------------------
 
 
-def test_frame_at_the_limit_is_accepted_and_one_byte_more_refused():
+def test_body_at_the_limit_is_accepted_and_one_byte_more_refused():
     msgs = [m.Refused(reason="r" * 100)]
     body_len = len(encode_body(msgs))
     data = frame_bytes(msgs, [b"12345"])
-    [frame] = FrameDecoder(max_frame_size=body_len + 5).feed(data)
+    [frame] = FrameDecoder(max_frame_size=body_len).feed(data)
     assert frame.messages == msgs
-    with pytest.raises(ProtocolError, match="exceeds the limit"):
-        FrameDecoder(max_frame_size=body_len + 4).feed(data)
+    with pytest.raises(ProtocolError, match=f"frame of {body_len} bytes exceeds the limit"):
+        FrameDecoder(max_frame_size=body_len - 1).feed(data)
+
+
+def test_buffers_are_not_bounded_by_the_frame_limit():
+    """The frame limit protects what is allocated before a frame is known to be valid
+    (the body); out-of-band data of any size passes, bounded on its own."""
+    msgs = [m.Ack(request_id=1)]
+    body_len = len(encode_body(msgs))
+    bufs = [b"a" * 5000, b"b" * 70_000, b""]
+    data = frame_bytes(msgs, bufs)
+    [frame] = FrameDecoder(max_frame_size=body_len, max_buffer_size=75_000).feed(data)
+    assert as_tuple(frame) == (msgs, bufs)
+    with pytest.raises(ProtocolError, match="buffers of 75000 bytes exceed the limit of 74999"):
+        FrameDecoder(max_frame_size=body_len, max_buffer_size=74_999).feed(data)
+
+
+def test_buffers_over_one_gib_declared_are_accepted():
+    """A header declaring 1.5 GiB of buffers (over the old 1 GiB frame limit) is
+    accepted, and nothing is allocated until the buffer's data arrives."""
+    body = encode_body([m.Ack(request_id=1)])
+    n = 3 * 2**29
+    decoder = FrameDecoder(max_buffer_size=2**31)
+    tracemalloc.start()
+    try:
+        assert decoder.feed(header(1, len(body)) + BUFLEN.pack(n) + body) == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert decoder.buffered == HEADER_SIZE + 8 + len(body)
+
+
+def test_default_buffer_limit_is_physical_memory():
+    assert FrameDecoder().max_buffer_size == physical_memory()
+    assert 2**20 < physical_memory() < 2**50
 
 
 def test_oversized_body_raises_after_the_header_alone():
@@ -239,15 +442,27 @@ def test_oversized_body_raises_after_the_header_alone():
         decoder.feed(header(0, 2**32 - 1)[-1:])
 
 
-def test_oversized_buffer_raises_without_allocating():
+def test_oversized_body_raises_before_the_buffer_lengths():
+    """A body over the limit is refused from the 8-byte header, even when the frame
+    declares many buffers whose lengths have not arrived."""
+    decoder = FrameDecoder(max_frame_size=1024)
+    with pytest.raises(ProtocolError, match=f"frame of {2**20} bytes exceeds the limit of 1024"):
+        decoder.feed(header(MAX_BUFFERS, 2**20))
+
+
+@pytest.mark.parametrize("max_buffer_size", [None, 1 << 30])
+def test_oversized_buffer_raises_without_allocating(max_buffer_size):
     """Declare a 2**40-byte buffer: refused as soon as the lengths are known, and the
     declared size is never allocated (it could not be: 1 TiB)."""
     data = header(1, 10) + BUFLEN.pack(2**40)
-    decoder = FrameDecoder(max_frame_size=1 << 20)
+    decoder = FrameDecoder(max_frame_size=1 << 20, max_buffer_size=max_buffer_size)
+    limit = physical_memory() if max_buffer_size is None else max_buffer_size
     tracemalloc.start()
     try:
         assert decoder.feed(data[:-1]) == []
-        with pytest.raises(ProtocolError, match=str(2**40 + 10)):
+        with pytest.raises(
+            ProtocolError, match=f"buffers of {2**40} bytes exceed the limit of {limit} bytes"
+        ):
             decoder.feed(data[-1:])
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -257,8 +472,38 @@ def test_oversized_buffer_raises_without_allocating():
 
 def test_oversized_sum_of_buffers_is_refused():
     data = header(3, 10) + BUFLEN.pack(400) * 3
-    with pytest.raises(ProtocolError, match="exceeds the limit"):
-        FrameDecoder(max_frame_size=1000).feed(data)
+    with pytest.raises(ProtocolError, match="buffers of 1200 bytes exceed the limit of 1000"):
+        FrameDecoder(max_buffer_size=1000).feed(data)
+
+
+def test_buffer_lengths_summing_past_2_64_are_refused():
+    data = header(3, 0) + BUFLEN.pack(2**64 - 1) * 3
+    with pytest.raises(ProtocolError, match=f"buffers of {3 * (2**64 - 1)} bytes"):
+        FrameDecoder().feed(data)
+
+
+def test_malformed_body_is_refused_before_any_buffer_is_allocated():
+    """The body comes before the buffers and is decoded first: a bad body with a
+    large declared buffer behind it allocates nothing of the buffer."""
+    body = b"\xc1"
+    decoder = FrameDecoder(max_buffer_size=2**31)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="malformed"):
+            decoder.feed(header(1, len(body)) + BUFLEN.pack(2**30) + body + b"x" * 100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_truncated_buffer_lengths_wait():
+    decoder = FrameDecoder()
+    data = frame_bytes([m.Ack(request_id=1)], [b"a", b"bb", b"ccc"])
+    for n in range(HEADER_SIZE, HEADER_SIZE + 24):
+        assert FrameDecoder().feed(data[:n]) == []
+    [frame] = decoder.feed(data)
+    assert as_tuple(frame) == ([m.Ack(request_id=1)], [b"a", b"bb", b"ccc"])
 
 
 @pytest.mark.parametrize("magic", [b"XX", b"sh", b"HS", b"\x00\x00", b"GE"])

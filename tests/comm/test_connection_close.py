@@ -64,10 +64,10 @@ def test_a_connection_closed_while_its_writes_are_paused_leaves_no_failed_future
         for i in range(64):
             conn.send(m.Ack(i), big)
             conn.flush()
-            if conn._paused is not None:
+            if conn._write_paused:
                 break
             await asyncio.sleep(0)
-        assert conn._paused is not None and not conn._paused.done(), "writes never paused"
+        assert conn._write_paused, "writes never paused"
         client.transport.abort()  # the peer goes away with our data unread
         for _ in range(100):
             if conn.closed and conn.transport is not None and conn.transport.is_closing():
@@ -90,7 +90,7 @@ def test_a_drain_waiting_when_the_connection_closes_is_told_why() -> None:
         for i in range(64):
             conn.send(m.Ack(i), [b"x" * (1 << 20)])
             conn.flush()
-            if conn._paused is not None:
+            if conn._write_paused:
                 break
             await asyncio.sleep(0)
         draining = asyncio.ensure_future(conn.drain())

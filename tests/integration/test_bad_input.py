@@ -555,7 +555,7 @@ def test_senseless_client_requests_get_answers(scheduler: str):
         reply = peer.expect(m.WhoHasReply)
         assert isinstance(reply, m.WhoHasReply) and len(reply.who_has) == len(keys)
         # NaN, huge and odd keys are keys like any other.
-        peer.send(m.WantKeys([float("nan"), 2**63 - 1, -(2**63), ("", (), ((None,),))]))
+        peer.send(m.WantKeys([float("nan"), 2**63 - 1, -(2**63), ("", (), (("",),))]))
         for _ in range(4):
             peer.expect(m.KeyCancelled)
         peer.send(m.ReleaseKeys(["orphan", "cycle-a", "self", "nofunc", "scattered"]))

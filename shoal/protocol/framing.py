@@ -23,6 +23,7 @@ authenticated before their first frame is decoded.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import struct
 import sys
@@ -338,11 +339,52 @@ def _allocate(n: int, as_bytes: bool) -> tuple[Any, memoryview]:
             return obj, memoryview(obj)
         if as_bytes and _new_bytes is not None:
             obj = _new_bytes(None, n)
-            raw = (ctypes.c_char * n).from_address(id(obj) + _BYTES_DATA_OFFSET)
+            address = id(obj) + _BYTES_DATA_OFFSET
+            raw = (ctypes.c_char * n).from_address(address)
+            advise_huge_pages(address, n)
             return obj, memoryview(raw).cast("B")
         obj = _new_bytearray(None, n)
+        if n >= HUGE_PAGE_MIN:
+            advise_huge_pages(ctypes.addressof(ctypes.c_char.from_buffer(obj)), n)
         return obj, memoryview(obj)
     except (MemoryError, SystemError) as e:
         raise ProtocolError(
             f"cannot allocate a buffer of {n} bytes: {e or 'out of memory'}"
         ) from None
+
+
+# Huge pages for large receive buffers. The kernel writes received data into pages it
+# must first fault in and zero; a fresh 4 KiB page per fault costs more than the copy
+# itself (a loopback socket moves about half as much per second into fresh memory as
+# into memory already touched). Where transparent huge pages are on for regions that
+# ask (``madvise`` mode), the 2 MiB-aligned interior of a large buffer is advised
+# ``MADV_HUGEPAGE``: it faults 2 MiB at a time, 512 times fewer faults. The advice only
+# changes how pages are faulted in: the allocation is still the object's own (malloc,
+# an mmap of its own for sizes this large), and goes back to the system when freed.
+# Without ``madvise`` or THP (another OS, a kernel without it), nothing is advised.
+HUGE_PAGE = 1 << 21
+HUGE_PAGE_MIN = 2 * HUGE_PAGE  # smaller buffers may hold no aligned 2 MiB at all
+_MADV_HUGEPAGE: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
+_madvise: Any = None
+if _MADV_HUGEPAGE is not None and sys.platform.startswith("linux"):  # pragma: no branch
+    try:
+        _madvise = ctypes.CDLL(None, use_errno=True).madvise
+        _madvise.restype = ctypes.c_int
+        _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    except (AttributeError, OSError):  # pragma: no cover - no libc madvise
+        _madvise = None
+
+
+def advise_huge_pages(address: int, n: int) -> int:
+    """Advise ``MADV_HUGEPAGE`` for the 2 MiB-aligned interior of ``n`` bytes at
+    ``address``; the bytes advised (0 if none: too small, or no madvise here). The
+    advice is a hint: an error (THP not built in, say) leaves the memory as it was."""
+    if _madvise is None or n < HUGE_PAGE_MIN:
+        return 0
+    start = (address + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+    end = (address + n) & ~(HUGE_PAGE - 1)
+    if end <= start:
+        return 0
+    if _madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+        return 0
+    return end - start

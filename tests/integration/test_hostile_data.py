@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bad_input import Processes, raw_connect_and_hello
+from test_bad_input import Processes, procs, raw_connect_and_hello  # noqa: F401 (a fixture)
 
 import shoal
 from shoal import Client, LocalCluster
@@ -134,16 +134,7 @@ def test_nan_keys_are_refused_at_submission(client: tuple[Client, str, str]) -> 
         c.submit(inc, 1, key=("x", None))  # as Dask: no None inside a key
 
 
-@pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
-    ps = Processes(tmp_path_factory.mktemp("hostile-keys"))
-    try:
-        yield ps
-    finally:
-        ps.close()
-
-
-def test_nan_key_from_a_hostile_client_closes_only_its_connection(procs: Processes) -> None:
+def test_nan_key_from_a_hostile_client_closes_only_its_connection(procs: Processes) -> None:  # noqa: F811
     """A client that skips the check and sends a NaN key on the wire is refused (its
     connection closes, naming the key); the scheduler and the worker go on."""
     task = [("x", math.nan), "f", [0, b"\x92\x90\x80", 0]]
@@ -153,9 +144,7 @@ def test_nan_key_from_a_hostile_client_closes_only_its_connection(procs: Process
     procs.assert_working()
 
 
-def test_dependency_larger_than_the_receivers_memory_limit(
-    spawn: object, tmp_path: Path
-) -> None:
+def test_dependency_larger_than_the_receivers_memory_limit(spawn: object, tmp_path: Path) -> None:
     """Worker b's memory limit is smaller than a result it needs from worker a: the
     dependent errs at once with a MemoryError naming the key, its size and the limit,
     instead of fetching it (and being killed for memory) or fetching it forever."""

@@ -448,6 +448,11 @@ def render(results, systems, command, settings) -> tuple[str, str]:
     return "\n".join(doc), "\n".join(tables)
 
 
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as the reports print them: "0.9/1.2/1.6"."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def write_report(out: str, doc: str, log: Callable[[str], None]) -> None:
     """Write the markdown report to ``out`` ('' for none)."""
     if out:

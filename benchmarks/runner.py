@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shlex
 import sys
 import time
 import traceback
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta
-from benchmarks.report import Result, Run, render, write_report
+from benchmarks.report import Result, Run, load_average, render, write_report
 from benchmarks.workloads import BY_NAME, WORKLOADS, ZERO_WORKLOADS, Workload
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS.md"
@@ -242,7 +241,7 @@ def main(argv=None) -> int:
 
     results: list[Result] = []
     t_start = time.monotonic()
-    load_start = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load_start = load_average()
     selected = [wl for wl in WORKLOADS if wl.name in args.only]
     for i, wl in enumerate(selected):
         order = systems if i % 2 == 0 else systems[::-1]  # alternate who goes first
@@ -253,7 +252,7 @@ def main(argv=None) -> int:
         if f"zero-{name}" in args.only and zero_systems:
             results += run_workload(BY_NAME[name], zero_systems, args, zero=True)
 
-    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load = load_average()
     no_warmup = ", ".join(wl.name for wl in selected if not wl.warmup)
     overrides = ", ".join(
         f"{name}{':' + system if system else ''}={n}" for (name, system), n in args.size.items()

@@ -44,7 +44,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError  # noqa: E402
-from benchmarks.report import _table, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
 from benchmarks.transfer_tasks import getpid, make_payload, payload_nbytes  # noqa: E402
 from benchmarks.workloads import _reset_peak_rss, _status_kb  # noqa: E402
 
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     plan += [
         (op, "bytes", parse_size(s)) for op in args.ops for s in args.bytes_sizes.split(",") if s
     ]
-    load0 = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load0 = load_average()
     t0 = time.monotonic()
     cells: list[Cell] = []
     for s in args.systems:
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         cells += run_system(s, args, plan)
     if not cells:
         return 2
-    load1 = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load1 = load_average()
     settings = (
         f"1 warm-up (1 MB) + {args.repeat} timed runs per cell, systems "
         f"{', '.join(args.systems)} (in that order), total time {time.monotonic() - t0:.0f} s; "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shlex
 import statistics
 import sys
@@ -34,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import psutil  # noqa: E402
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta  # noqa: E402
-from benchmarks.report import _table, fmt, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, fmt, load_average, machine_lines, write_report  # noqa: E402
 from benchmarks.workloads import submit_incs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-worker-clients.md"
@@ -315,7 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "benchmarks/worker_clients.py", *(argv or sys.argv[1:])])
-    load0 = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load0 = load_average()
     t0 = time.monotonic()
     results = []
     for s in args.systems:
@@ -327,7 +326,7 @@ def main(argv=None) -> int:
         results.append(run_system(s, args))
     if not results:
         return 2
-    load1 = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    load1 = load_average()
     settings = (
         f"{args.tasks} tasks × {args.subtasks} sub-tasks, 1 warm-up + {args.repeat} timed "
         f"runs, systems {', '.join(r.system for r in results)} (in that order), total "

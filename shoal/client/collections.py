@@ -22,6 +22,7 @@ from shoal.client.futures import Future
 from shoal.client.restrictions import task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
+from shoal.shuffle import _dask as shuffle_dask
 
 PART_SIZE = 10_000  # tasks per SubmitTasks message of a large graph
 
@@ -43,8 +44,11 @@ def submit_graph(
     from dask.order import order
 
     keys = list(dict.fromkeys(keys))
-    dsk, by_type = materialize(graph)
+    shuffle_dask.install()
+    with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
+        dsk, by_type = materialize(graph)
     dsk = cull(dsk, keys)
+    marks = shuffle_dask.shuffle_marks(dsk)  # the scheduler coordinates these tasks
     held = client._states
     unknown = [k for k in keys if k not in dsk and k not in held]
     if unknown:
@@ -78,15 +82,16 @@ def submit_graph(
             part = []
             for key in ordered[start : start + PART_SIZE]:
                 annots = annotations_for(key, by_type, defaults)
-                part.append(
-                    encoder.task_spec(
-                        key,
-                        dsk[key],
-                        priority=int(annots.get("priority", 0)),
-                        retries=int(annots.get("retries", 0)),
-                        restrictions=restrictions(annots),
-                    )
+                spec = encoder.task_spec(
+                    key,
+                    dsk[key],
+                    priority=int(annots.get("priority", 0)),
+                    retries=int(annots.get("retries", 0)),
+                    restrictions=restrictions(annots),
                 )
+                if marks:
+                    spec.shuffle = marks.get(key)
+                part.append(spec)
             yield part
 
     futures = client._submit_parts(parts(), keys)
@@ -127,7 +132,9 @@ def compute(
     variables = [a for a in items if dask.is_dask_collection(a)]
     futures: list[Future] = []
     if variables:
-        expr = FinalizeCompute(collections_to_expr(variables, optimize_graph)).optimize()
+        shuffle_dask.install()
+        with shuffle_dask.computing():
+            expr = FinalizeCompute(collections_to_expr(variables, optimize_graph)).optimize()
         names = list(_flatten(expr.__dask_keys__()))
         by_key = submit_graph(client, expr, names, _options(kwargs))
         futures = [by_key[k] for k in names]
@@ -145,7 +152,9 @@ def persist(client: Client, collections: Any, optimize_graph: bool = True, **kwa
 
     singleton = not isinstance(collections, list | tuple | set | frozenset)
     items = [collections] if singleton else list(collections)
-    expr = collections_to_expr(items, optimize_graph).optimize()
+    shuffle_dask.install()
+    with shuffle_dask.computing():
+        expr = collections_to_expr(items, optimize_graph).optimize()
     keys = expr.__dask_keys__()
     futures = submit_graph(client, expr, _flatten(keys), _options(kwargs))
     out = []
@@ -197,6 +206,7 @@ def set_default(client: Client) -> None:
             _before = dask.config.get("scheduler", _no_scheduler)
         _defaults.append(client)
         dask.config.set(scheduler=client.get)
+    shuffle_dask.install()  # dask.dataframe picks shoal's P2P shuffle under shoal
 
 
 def unset_default(client: Client) -> None:

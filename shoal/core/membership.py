@@ -86,6 +86,9 @@ class Membership:
         def _transition(self, ts: TaskState, finish: str, stimulus_id: str) -> Recs: ...
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
+        def _shuffle_worker_removed(self, address: str, reason: str, stimulus_id: str) -> None: ...
+
+        shuffles: dict[str, Any]
 
     def _init_membership(self, allowed_failures: int, worker_ttl: float) -> None:
         self.allowed_failures = allowed_failures
@@ -175,6 +178,8 @@ class Membership:
         for ts in lost:
             recs.update(self._transition(ts, "released", stimulus_id))
         self._transitions(recs, stimulus_id)
+        if self.shuffles:  # shuffles it took part in restart (before anything is placed)
+            self._shuffle_worker_removed(address, reason, stimulus_id)
         self._done(stimulus_id)
 
     def _killed_too_often(self, ts: TaskState, address: str) -> bool:

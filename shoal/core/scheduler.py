@@ -41,6 +41,7 @@ from shoal.core.story import InvalidTransition, StoryLog
 from shoal.core.worker_reports import WorkerReports
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
+from shoal.shuffle._scheduler import ShuffleCoordinator
 
 Recs = dict[TaskState, str]
 VALIDATION_SHARE = 8  # validate=True: a full check per this many tasks' worth of transitions
@@ -63,7 +64,9 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress):
+class SchedulerState(
+    Placement, Membership, WorkerReports, Introspection, Progress, ShuffleCoordinator
+):
     def __init__(
         self,
         comm: Comm,
@@ -86,6 +89,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         self._init_placement()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
+        self._init_shuffles()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -144,6 +148,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
 
     def _done(self, stimulus_id: str) -> None:
         """End of one event: hand queued tasks to free threads, then check."""
+        if self.shuffles:  # a shuffle whose tasks are ready starts before they are placed
+            self._shuffles_check(stimulus_id)
         if self._retry_restricted:
             self._schedule_restricted(stimulus_id)
         if self.retiring:
@@ -232,6 +238,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
                 )
                 if spec.restrictions is not None:
                     ts.restrictions = self._restrictions(spec.restrictions)
+                if spec.shuffle is not None:
+                    self._shuffle_task_added(ts, spec.shuffle)
                 tasks[key] = ts
                 new.append((ts, spec.deps))
             elif ts.payload is None and ts.state == "released":
@@ -426,6 +434,11 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
 
     # ------------------------------------------------------------------ events: workers
 
+    _worker_handlers: dict[type, Callable[..., None]] = {
+        **WorkerReports._worker_handlers,
+        m.ShuffleStats: ShuffleCoordinator._shuffle_stats,
+    }
+
     def handle_worker(self, address: str, *msgs: m.Message) -> None:
         """Apply a batch of messages from one worker (none, if it was removed: a
         retired or silent worker's last messages may still arrive)."""
@@ -496,10 +509,11 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         r = ts.restrictions
         resources = r.resources if r is not None else NO_RESOURCES
         ts.run_id = run_id = ts.run_id + 1
+        shuffle = self._shuffle_run_of(ts) if self.shuffle_tasks else None
         self.comm.send_worker(
             ws.address,
             m.ComputeTask(
-                ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources, run_id
+                ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources, run_id, shuffle
             ),
         )
 
@@ -683,6 +697,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
             dts.waiters = discarded(dts.waiters, ts)
             if not dts.waiters and not dts.who_wants:
                 recs[dts] = "released"
+        if self.shuffle_tasks:
+            self._shuffle_task_done(ts, stimulus_id)
         if ts.who_wants:
             note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
             for cs in ts.who_wants:
@@ -744,6 +760,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         ts.state = "erred"
         if ts.exception is None and ts.exception_blame is None:
             ts.exception = error_payload(RuntimeError(f"task {ts.key!r} erred"))
+        if self.shuffle_tasks:
+            self._shuffle_task_erred(ts, stimulus_id)
         self._report_erred(ts, ts.who_wants, stimulus_id)
         blame = ts.exception_blame or ts
         recs: Recs = {}
@@ -772,6 +790,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
             return {}
         ts.state = "forgotten"
         del self.tasks[ts.key]
+        if self.shuffle_tasks:
+            self._shuffle_task_forgotten(ts, stimulus_id)
         if self.suspicious:
             self.suspicious.pop(ts, None)
         group = ts.group

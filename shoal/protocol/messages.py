@@ -191,6 +191,7 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # struct, defaults too (omit_defaults only trims maps), so this costs an unrestricted
     # task one byte (nil) instead of three.
     restrictions: TaskRestrictions | None = None
+    shuffle: ShuffleMark | None = None  # a task of a P2P shuffle (see the P2P section)
 
     def __post_init__(self) -> None:
         _check_decoded_key(self.key)
@@ -408,6 +409,7 @@ class ComputeTask(Message):
     # carries it, so that the scheduler can tell an answer to an earlier assignment,
     # released since, from the current one.
     run_id: int = 0
+    shuffle: ShuffleRun | None = None  # the P2P shuffle run this task belongs to
 
 
 class FreeKeys(Message):
@@ -611,6 +613,74 @@ class CloseWorker(Message):
     stimulus_id: str = ""
 
 
+# --- P2P shuffle (shoal/shuffle) ----------------------------------------------------
+
+
+class ShuffleMark(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """Client -> scheduler, on a TaskSpec: this task is part of P2P shuffle ``id``.
+    ``role`` is "transfer" (``partition``: its input partition), "barrier", or
+    "unpack" (``partition``: its output partition). The scheduler reads only this,
+    never the task's data."""
+
+    id: str
+    role: str
+    partition: int = -1
+
+
+class ShuffleRun(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """Scheduler -> worker, on a ComputeTask: the run of shuffle ``id`` the task
+    belongs to. ``run`` grows with every (re)start; output partition ``p`` belongs
+    to ``participants[p % len(participants)]``."""
+
+    id: str
+    run: int
+    participants: list[str]
+
+
+class ShuffleData(Message):
+    """Worker -> worker: the rows of input partition ``input_partition`` that go to
+    output partitions ``partitions`` (``counts`` rows each, in that order), as one
+    pickled frame (``payloads``: none when no row goes to this worker; it is still
+    sent: it says that input is done here). Answered by Ack."""
+
+    request_id: int
+    id: str
+    run: int
+    input_partition: int
+    partitions: list[int]
+    counts: list[int]
+    payloads: list[Payload] = []
+
+
+class ShuffleRestart(Message):
+    """Scheduler -> worker: shuffle ``id`` restarts as ``run``: drop the data of
+    earlier runs; tasks of earlier runs that wait end (their results are discarded)."""
+
+    id: str
+    run: int
+    stimulus_id: str = ""
+
+
+class ShuffleForget(Message):
+    """Scheduler -> worker: shuffle ``id`` finished, failed or was forgotten: drop
+    everything of it, and refuse data of runs up to ``run`` from now on."""
+
+    id: str
+    run: int
+    stimulus_id: str = ""
+
+
+class ShuffleStats(Message):
+    """Worker -> scheduler: bytes this worker sent and spilled for shuffle ``id``'s
+    ``run`` since its last report (sent before the result of the task that did it)."""
+
+    id: str
+    run: int
+    sent: int = 0
+    spilled: int = 0
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -657,6 +727,10 @@ AnyMessage = (
     | WatchProgress
     | StopProgress
     | ProgressCounts
+    | ShuffleData
+    | ShuffleRestart
+    | ShuffleForget
+    | ShuffleStats
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -71,6 +71,7 @@ from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
+from shoal.shuffle._worker import ShuffleService
 
 logger = logging.getLogger("shoal.worker")
 
@@ -189,6 +190,10 @@ class Worker:
         self._closed = asyncio.Event()
         self._close_done = asyncio.Event()  # close() has finished (threads joined, files gone)
         self._stimulus = itertools.count(1)
+        self.shuffle = ShuffleService(self, DESERIALISE_LOCK)  # P2P shuffles' data here
+        # Shuffle tasks sent again while an execution of an older run still runs here:
+        # fed in once it has ended, so that its result never answers the new run.
+        self._deferred: dict[Any, m.ComputeTask] = {}
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -257,6 +262,7 @@ class Worker:
             threads = list(self._threads)
             for event in self._rejoins.values():  # let waiting threads end their tasks
                 event.set()
+        self.shuffle.close()  # shuffle tasks that wait end
         for _ in threads:
             self._queue.put(None)
         if self._server is not None:
@@ -360,8 +366,20 @@ class Worker:
         for msg in frame.messages:
             if type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
+            elif type(msg) is m.ComputeTask and msg.shuffle is not None:
+                self.shuffle.on_compute(msg)
+                if events:  # e.g. the ReleaseCompute of its older run's execution
+                    self._handle(events)
+                    events = []
+                self._compute_shuffle_task(msg)
             elif type(msg) in _SCHEDULER_EVENTS:
+                if self._deferred and type(msg) is not m.CopyKeys:
+                    self._undefer(msg)
                 events.append(msg)
+            elif type(msg) is m.ShuffleRestart:
+                self.shuffle.on_restart(msg.id, msg.run)
+            elif type(msg) is m.ShuffleForget:
+                self.shuffle.on_forget(msg.id, msg.run)
             elif type(msg) is m.CloseWorker:
                 logger.info("the scheduler closes this worker: %s", msg.reason)
                 self.close_reason = msg.reason
@@ -370,6 +388,28 @@ class Worker:
                 raise ProtocolError(f"the scheduler may not send {type(msg).__name__}")
         if events:
             self._handle(events)
+
+    def _compute_shuffle_task(self, msg: m.ComputeTask) -> None:
+        assert self.state is not None
+        ts = self.state.tasks.get(msg.key)
+        if ts is not None and ts.state == "cancelled":
+            self._deferred[msg.key] = msg  # until that execution ends
+        else:
+            self._handle([msg])
+
+    def _undefer(self, msg: m.Message) -> None:
+        """The scheduler takes back a task whose ComputeTask waits here: drop that."""
+        keys = msg.keys if type(msg) is m.FreeKeys else [msg.key]  # type: ignore[attr-defined]
+        for key in keys:
+            self._deferred.pop(key, None)
+
+    def _resume_deferred(self) -> None:
+        assert self.state is not None
+        for key, msg in list(self._deferred.items()):
+            ts = self.state.tasks.get(key)
+            if ts is None or ts.state != "cancelled":
+                del self._deferred[key]
+                self._handle([msg])
 
     def _handle(self, events: list[Any]) -> None:
         assert self.state is not None
@@ -394,6 +434,8 @@ class Worker:
                 self._restart_stuck(inst)
             else:  # pragma: no cover - a new instruction the shell does not know
                 raise TypeError(f"unknown instruction {inst!r}")
+        if self._deferred:
+            self._resume_deferred()
 
     def _execute(self, key: Any) -> None:
         assert self.state is not None
@@ -683,6 +725,8 @@ class Worker:
                 self._serve_data(conn, msg)
             elif type(msg) is m.UpdateData:
                 self._receive_data(conn, msg, bufs)
+            elif type(msg) is m.ShuffleData:
+                self.shuffle.receive(conn, msg, bufs)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

@@ -1,0 +1,425 @@
+"""The worker's part of the P2P shuffle: a :class:`ShuffleService` per worker.
+
+Transfer tasks (on task threads) hand it the rows of their input partition for each
+participant; it sends them worker to worker (``ShuffleData``, one message per
+destination, answered by ``Ack``) over the worker's peer connections. A transfer waits
+while this worker's unacknowledged bytes pass ``send_limit`` (back-pressure), and
+returns once every one of its pieces is acknowledged, so when the barrier runs every
+piece has arrived.
+
+Received pieces stay in memory, by run, up to ``buffer_limit`` bytes (over every
+shuffle); past it the largest are written to the worker's local directory, one file
+per output partition. Unpack tasks take their partition's pieces (memory and files),
+in input order. Each run is separate: data of a run older than the newest known is
+refused or dropped (``ShuffleRestart``), and a task of an older run that waits is
+woken with :class:`StaleRun` (its result is discarded by the scheduler anyway).
+
+Threads: the loop thread receives and drops; task threads send and take. One
+condition guards the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shoal.comm.connection import CommClosedError
+from shoal.comm.tcp import HandshakeError
+from shoal.protocol import messages as m
+from shoal.protocol.serialize import dumps_value, loads_value, sizeof
+
+if TYPE_CHECKING:
+    from shoal.server.worker import Worker
+
+logger = logging.getLogger("shoal.shuffle")
+
+DEFAULT_BUFFER_FRACTION = 0.25  # of the worker's memory limit, for received pieces
+DEFAULT_SEND_LIMIT = 64 << 20  # unacknowledged bytes before transfers wait
+SEND_TIMEOUT = 300.0  # seconds for a peer to acknowledge one batch
+# How long a task waits for data (an unpack) or a failed peer (a transfer) before it
+# errs, unless a restart ends its run first (the scheduler restarts the shuffle when
+# a participant dies, and says so).
+WAIT_TIMEOUT = 120.0
+
+_RECORD = struct.Struct("<qBQI")  # input partition, payload kind, data length, buffers
+_LENGTH = struct.Struct("<Q")
+
+
+class StaleRun(Exception):
+    """This task belongs to a run of the shuffle that a newer run has replaced."""
+
+
+def _env_number(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
+class Chunk:
+    """One input partition's rows for this worker, grouped by output partition."""
+
+    __slots__ = ("frame", "offsets", "nbytes")
+
+    def __init__(self, frame: Any, partitions: list[int], counts: list[int], nbytes: int):
+        self.frame = frame
+        self.offsets: dict[int, tuple[int, int]] = {}
+        start = 0
+        for p, n in zip(partitions, counts):
+            self.offsets[p] = (start, start + n)
+            start += n
+        self.nbytes = nbytes
+
+    def piece(self, partition: int) -> Any:
+        lo, hi = self.offsets[partition]
+        return self.frame.iloc[lo:hi]
+
+
+class RunData:
+    """What this worker holds of one run of one shuffle."""
+
+    def __init__(self, shuffle_id: str, run: int, directory: str):
+        self.id = shuffle_id
+        self.run = run
+        self.directory = directory
+        self.inputs: set[int] = set()  # input partitions whose pieces for us arrived
+        self.chunks: dict[int, Chunk] = {}  # input partition -> in memory
+        self.files: dict[int, str] = {}  # output partition -> spill file
+        self.taken: set[int] = set()  # output partitions unpacked (their data dropped)
+        self.nbytes = 0  # in memory
+
+    def drop(self) -> None:
+        self.chunks.clear()
+        self.nbytes = 0
+        if self.files:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.files.clear()
+
+
+class ShuffleService:
+    def __init__(self, worker: Worker, deserialise_lock: Any = None):
+        self.worker = worker
+        self._lock = deserialise_lock or contextlib.nullcontext()
+        self.cond = threading.Condition()
+        self.runs: dict[str, RunData] = {}  # shuffle id -> its newest run here
+        self.floor: dict[str, int] = {}  # shuffle id -> runs up to this are over
+        self.key_runs: dict[Any, m.ShuffleRun] = {}  # task key -> the run it was sent for
+        self.buffered = 0  # bytes in memory over all runs
+        self.outgoing = 0  # bytes sent and not yet acknowledged
+        self.stats: dict[tuple[str, int], list[int]] = {}  # (id, run) -> [sent, spilled]
+        self.closed = False
+        limit = worker.memory_limit * _env_number(
+            "SHOAL_SHUFFLE_BUFFER_FRACTION", DEFAULT_BUFFER_FRACTION
+        )
+        self.buffer_limit = int(_env_number("SHOAL_SHUFFLE_BUFFER_BYTES", limit))
+        self.send_limit = int(_env_number("SHOAL_SHUFFLE_SEND_LIMIT", DEFAULT_SEND_LIMIT))
+
+    # ---------------------------------------------------------------- loop thread
+
+    def on_compute(self, msg: m.ComputeTask) -> None:
+        info = msg.shuffle
+        assert info is not None
+        with self.cond:
+            self.key_runs[msg.key] = info
+            self._adopt(info.id, info.run)
+
+    def on_restart(self, shuffle_id: str, run: int) -> None:
+        with self.cond:
+            self._adopt(shuffle_id, run)
+
+    def on_forget(self, shuffle_id: str, run: int) -> None:
+        with self.cond:
+            self.floor[shuffle_id] = max(run, self.floor.get(shuffle_id, 0))
+            rd = self.runs.get(shuffle_id)
+            if rd is not None and rd.run <= run:
+                self._drop(rd)
+            self.key_runs = {k: v for k, v in self.key_runs.items() if v.id != shuffle_id}
+            self.cond.notify_all()
+
+    def receive(self, conn: Any, msg: m.ShuffleData, buffers: list[memoryview]) -> None:
+        """A peer's pieces (on the loop): kept if they belong to the newest run, then
+        acknowledged either way (a stale sender's task is being discarded)."""
+        frame = None
+        if msg.payloads:
+            with self._lock:
+                frame = loads_value(msg.payloads[0], buffers)
+        nbytes = sum(memoryview(b).nbytes for b in buffers) + sum(len(p.data) for p in msg.payloads)
+        self._store(msg.id, msg.run, msg.input_partition, msg.partitions, msg.counts, frame, nbytes)
+        conn.send(m.Ack(msg.request_id))
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            for rd in self.runs.values():
+                rd.drop()
+            self.runs.clear()
+            self.cond.notify_all()
+
+    # ---------------------------------------------------------------- task threads
+
+    def run_for(self, key: Any) -> m.ShuffleRun | None:
+        with self.cond:
+            return self.key_runs.get(key)
+
+    def send(
+        self, info: m.ShuffleRun, input_partition: int, batches: dict[str, tuple[Any, ...]]
+    ) -> None:
+        """Send each participant its rows of ``input_partition`` (our own are kept
+        here); return once all are acknowledged. Raises StaleRun if the run ends."""
+        loop = self.worker._loop
+        assert loop is not None
+        pending: list[tuple[str, concurrent.futures.Future[None], int]] = []
+        for address, (partitions, counts, frame) in batches.items():
+            if address == self.worker.address:
+                nbytes = sizeof(frame) if frame is not None else 0
+                self._store(info.id, info.run, input_partition, partitions, counts, frame, nbytes)
+                continue
+            payloads: list[m.Payload] = []
+            buffers: list[memoryview] = []
+            if frame is not None:
+                payload, buffers = dumps_value(frame)
+                payloads = [payload]
+            nbytes = sum(b.nbytes for b in buffers) + sum(len(p.data) for p in payloads)
+            self._reserve(info, nbytes)
+
+            def make(rid: int, p: list[int] = partitions, c: list[int] = counts) -> m.Message:
+                return m.ShuffleData(
+                    rid, info.id, info.run, input_partition, p, c, payloads  # noqa: B023
+                )
+
+            fut = asyncio.run_coroutine_threadsafe(self._send(address, make, buffers), loop)
+            fut.add_done_callback(lambda _, n=nbytes: self._released(n))
+            pending.append((address, fut, nbytes))
+        self._flush(info, pending)
+
+    def take(self, info: m.ShuffleRun, partition: int, ninputs: int) -> list[tuple[int, Any]]:
+        """The pieces of output ``partition`` as (input partition, rows), in input order,
+        once every input's pieces have arrived here."""
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        with self.cond:
+            while True:
+                rd = self._current(info)
+                if rd is not None and len(rd.inputs) >= ninputs:
+                    break
+                if time.monotonic() > deadline:
+                    have = 0 if rd is None else len(rd.inputs)
+                    raise RuntimeError(
+                        f"P2P shuffle {info.id} run {info.run}: the pieces of {have} of "
+                        f"{ninputs} input partitions reached {self.worker.address} within "
+                        f"{WAIT_TIMEOUT:g}s"
+                    )
+                self.cond.wait(0.5)
+            if partition in rd.taken:
+                raise RuntimeError(
+                    f"P2P shuffle {info.id} run {info.run}: output partition {partition} "
+                    "was unpacked already and its pieces dropped"
+                )
+            rd.taken.add(partition)
+            pieces = []
+            for i, chunk in rd.chunks.items():
+                if partition in chunk.offsets:
+                    pieces.append((i, chunk.piece(partition)))
+            path = rd.files.pop(partition, None)
+            self._forget_taken(rd)
+        if path is not None:
+            pieces.extend(self._read(path))
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        pieces.sort(key=lambda item: item[0])
+        return pieces
+
+    def take_stats(self, info: m.ShuffleRun) -> tuple[int, int]:
+        """(sent, spilled) bytes of this run since the last call."""
+        with self.cond:
+            sent, spilled = self.stats.pop((info.id, info.run), (0, 0))
+        return sent, spilled
+
+    # ---------------------------------------------------------------- internals
+
+    def _adopt(self, shuffle_id: str, run: int) -> RunData | None:
+        """The data of ``run`` (newer runs replace older ones); None if it is stale.
+        Holds ``cond``."""
+        if run <= self.floor.get(shuffle_id, 0) or self.closed:
+            return None
+        rd = self.runs.get(shuffle_id)
+        if rd is not None:
+            if rd.run == run:
+                return rd
+            if rd.run > run:
+                return None
+            self._drop(rd)
+        directory = os.path.join(self.worker.local_directory, "shuffle", f"{shuffle_id}-{run}")
+        rd = self.runs[shuffle_id] = RunData(shuffle_id, run, directory)
+        self.cond.notify_all()  # a task of an older run wakes, and ends
+        return rd
+
+    def _drop(self, rd: RunData) -> None:
+        self.buffered -= rd.nbytes
+        rd.drop()
+        if self.runs.get(rd.id) is rd:
+            del self.runs[rd.id]
+        self.cond.notify_all()
+
+    def _current(self, info: m.ShuffleRun) -> RunData | None:
+        """The data of the run ``info`` (None: not yet); StaleRun if that run is over."""
+        if self.closed:
+            raise StaleRun(f"worker {self.worker.address} is closing")
+        rd = self.runs.get(info.id)
+        if info.run <= self.floor.get(info.id, 0) or (rd is not None and rd.run > info.run):
+            raise StaleRun(f"P2P shuffle {info.id} run {info.run} was replaced or ended")
+        return rd if rd is not None and rd.run == info.run else None
+
+    def _store(
+        self,
+        shuffle_id: str,
+        run: int,
+        input_partition: int,
+        partitions: list[int],
+        counts: list[int],
+        frame: Any,
+        nbytes: int,
+    ) -> None:
+        with self.cond:
+            rd = self._adopt(shuffle_id, run)
+            if rd is None or input_partition in rd.inputs:
+                return  # stale, or a transfer that ran twice (the same rows)
+            rd.inputs.add(input_partition)
+            if frame is not None:
+                rd.chunks[input_partition] = Chunk(frame, partitions, counts, nbytes)
+                rd.nbytes += nbytes
+                self.buffered += nbytes
+                if self.buffered > self.buffer_limit:
+                    self._spill()
+            self.cond.notify_all()
+
+    def _spill(self) -> None:
+        """Write the largest chunks to disk until the buffer is half full. Holds cond."""
+        chunks = [
+            (chunk.nbytes, rd, i) for rd in self.runs.values() for i, chunk in rd.chunks.items()
+        ]
+        chunks.sort(key=lambda c: -c[0])
+        for nbytes, rd, i in chunks:
+            if self.buffered <= self.buffer_limit // 2:
+                break
+            chunk = rd.chunks.pop(i)
+            os.makedirs(rd.directory, exist_ok=True)
+            written = 0
+            for p in chunk.offsets:
+                if p in rd.taken:
+                    continue
+                path = rd.files.setdefault(p, os.path.join(rd.directory, f"{p}.bin"))
+                written += self._write(path, i, chunk.piece(p))
+            rd.nbytes -= nbytes
+            self.buffered -= nbytes
+            self.stats.setdefault((rd.id, rd.run), [0, 0])[1] += written
+
+    @staticmethod
+    def _write(path: str, input_partition: int, piece: Any) -> int:
+        payload, buffers = dumps_value(piece)
+        parts: list[bytes | memoryview] = [
+            _RECORD.pack(input_partition, payload.kind, len(payload.data), len(buffers)),
+            payload.data,
+        ]
+        for b in buffers:
+            parts += [_LENGTH.pack(b.nbytes), b]
+        with open(path, "ab") as f:
+            f.writelines(parts)
+        return sum(memoryview(p).nbytes for p in parts)
+
+    def _read(self, path: str) -> list[tuple[int, Any]]:
+        with open(path, "rb") as f:
+            data = memoryview(f.read())
+        out = []
+        pos = 0
+        while pos < len(data):
+            i, kind, size, nbuffers = _RECORD.unpack_from(data, pos)
+            pos += _RECORD.size
+            body = bytes(data[pos : pos + size])
+            pos += size
+            buffers = []
+            for _ in range(nbuffers):
+                (n,) = _LENGTH.unpack_from(data, pos)
+                pos += _LENGTH.size
+                buffers.append(data[pos : pos + n])
+                pos += n
+            with self._lock:
+                out.append((i, loads_value(m.Payload(kind, body, nbuffers), buffers)))
+        return out
+
+    def _forget_taken(self, rd: RunData) -> None:
+        """Drop the chunks every output partition of which has been unpacked here."""
+        for i in [i for i, c in rd.chunks.items() if rd.taken.issuperset(c.offsets)]:
+            chunk = rd.chunks.pop(i)
+            rd.nbytes -= chunk.nbytes
+            self.buffered -= chunk.nbytes
+
+    def _reserve(self, info: m.ShuffleRun, nbytes: int) -> None:
+        """Back-pressure: wait while too many bytes are unacknowledged."""
+        with self.cond:
+            while self.outgoing and self.outgoing + nbytes > self.send_limit:
+                self._check_live(info)
+                self.cond.wait(0.5)
+            self._check_live(info)
+            self.outgoing += nbytes
+            self.stats.setdefault((info.id, info.run), [0, 0])[0] += nbytes
+
+    def _released(self, nbytes: int) -> None:
+        with self.cond:
+            self.outgoing -= nbytes
+            self.cond.notify_all()
+
+    def _check_live(self, info: m.ShuffleRun) -> None:
+        if self.closed:
+            raise StaleRun(f"worker {self.worker.address} is closing")
+        rd = self.runs.get(info.id)
+        if info.run <= self.floor.get(info.id, 0) or (rd is not None and rd.run > info.run):
+            raise StaleRun(f"P2P shuffle {info.id} run {info.run} was replaced or ended")
+
+    def _flush(
+        self, info: m.ShuffleRun, pending: list[tuple[str, concurrent.futures.Future[None], int]]
+    ) -> None:
+        """Wait for every acknowledgement. A peer that fails is, most likely, dying:
+        wait for the scheduler to restart the shuffle (StaleRun) for a while."""
+        failed_at: float | None = None
+        with self.cond:
+            while True:
+                self._check_live(info)
+                if all(f.done() for _, f, _ in pending):
+                    errors = [(a, f.exception()) for a, f, _ in pending if f.exception()]
+                    if not errors:
+                        return
+                    failed_at = failed_at or time.monotonic()
+                    if time.monotonic() - failed_at > WAIT_TIMEOUT:
+                        address, exc = errors[0]
+                        raise RuntimeError(
+                            f"P2P shuffle {info.id} run {info.run}: could not send to "
+                            f"{address}: {exc}"
+                        ) from exc
+                self.cond.wait(0.5)
+
+    async def _send(
+        self, address: str, make: Callable[[int], m.Message], buffers: list[memoryview]
+    ) -> None:
+        error: BaseException | None = None
+        for _ in range(2):  # once more on a fresh connection
+            try:
+                conn = await self.worker._peers.get(address)
+                await conn.request(make, list(buffers), timeout=SEND_TIMEOUT)
+                return
+            except (OSError, CommClosedError, HandshakeError, TimeoutError) as e:
+                error = e
+                logger.info("shuffle data to %s failed: %s", address, e)
+        assert error is not None
+        raise error

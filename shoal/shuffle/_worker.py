@@ -120,6 +120,7 @@ class ShuffleService:
         self.outgoing = 0  # bytes sent and not yet acknowledged
         self.stats: dict[tuple[str, int], list[int]] = {}  # (id, run) -> [sent, spilled]
         self.closed = False
+        self.spilled_total = 0  # bytes written to disk, ever (for tests and diagnosis)
         limit = worker.memory_limit * _env_number(
             "SHOAL_SHUFFLE_BUFFER_FRACTION", DEFAULT_BUFFER_FRACTION
         )
@@ -324,6 +325,7 @@ class ShuffleService:
             rd.nbytes -= nbytes
             self.buffered -= nbytes
             self.stats.setdefault((rd.id, rd.run), [0, 0])[1] += written
+            self.spilled_total += written
 
     @staticmethod
     def _write(path: str, input_partition: int, piece: Any) -> int:

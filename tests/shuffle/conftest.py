@@ -17,3 +17,5 @@ assert _spec is not None and _spec.loader is not None
 _integration = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_integration)
 check_leaks = _integration.check_leaks  # autouse there, and so here
+cluster = _integration.cluster  # two single-threaded workers, per module
+client = _integration.client

@@ -195,10 +195,13 @@ class ShuffleService:
             nbytes = sum(b.nbytes for b in buffers) + sum(len(p.data) for p in payloads)
             self._reserve(info, nbytes)
 
-            def make(rid: int, p: list[int] = partitions, c: list[int] = counts) -> m.Message:
-                return m.ShuffleData(
-                    rid, info.id, info.run, input_partition, p, c, payloads  # noqa: B023
-                )
+            def make(
+                rid: int,
+                p: list[int] = partitions,
+                c: list[int] = counts,
+                payloads: list[m.Payload] = payloads,
+            ) -> m.Message:  # (bound now: it is called later, on the loop)
+                return m.ShuffleData(rid, info.id, info.run, input_partition, p, c, payloads)
 
             fut = asyncio.run_coroutine_threadsafe(self._send(address, make, buffers), loop)
             fut.add_done_callback(lambda _, n=nbytes: self._released(n))

@@ -237,3 +237,17 @@ def test_a_shuffle_past_the_buffer_limit_spills_and_is_correct(monkeypatch):
         if hasattr(client, "get_events"):
             (finish,) = [e for _, e in client.get_events("p2p") if e["action"] == "finish"]
             assert finish["bytes_spilled"] > 0
+
+
+def test_three_workers_with_two_threads_each():
+    """Several remote destinations per transfer, and transfers side by side."""
+    pdf = frame(3000, seed=6)
+    other = frame(500, seed=7)[["k", "x"]].drop_duplicates("k").rename(columns={"x": "y"})
+    with (
+        LocalCluster(n_workers=3, threads_per_worker=2, timeout=60, validate=True) as cluster,
+        Client(cluster, timeout=30),
+    ):
+        ddf = dd.from_pandas(pdf, npartitions=10)
+        same_rows(ddf.shuffle("k", npartitions=7).compute(), pdf)
+        got = ddf.merge(dd.from_pandas(other, npartitions=3), on="k", how="left").compute()
+        same_rows(got, pdf.merge(other, on="k", how="left"))

@@ -168,3 +168,20 @@ def test_a_killed_client_process_drops_its_pins(cluster: LocalCluster, client: C
             child.wait(30)
         if child.stdout is not None:
             child.stdout.close()
+
+
+def test_closing_a_client_releases_its_pins(cluster: LocalCluster, client: Client) -> None:
+    client.wait_for_workers(2, timeout=30)
+    w0, w1 = sorted(client.scheduler_info()["workers"])
+    other = Client(cluster, timeout=30)
+    try:
+        pin = other.pin([w0, w1], "until I close")
+        mine = client.pin([w1], "mine")
+        counts = {a: len(pins) for a, pins in worker_pins(client).items()}
+        assert counts == {w0: 1, w1: 2}
+    finally:
+        other.close()
+    wait_until(lambda: worker_pins(client)[w0] == [], what="the closed client's pin to go")
+    assert [p["id"] for p in worker_pins(client)[w1]] == [mine.id]  # not another's
+    assert pin.release() is False  # went with its client
+    assert mine.release() is True

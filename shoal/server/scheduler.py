@@ -199,6 +199,7 @@ class Scheduler:
         def on_close(conn: Connection, exc: BaseException | None) -> None:
             if self._workers.get(address) is conn:
                 del self._workers[address]
+                self.state.tick(time.time())
                 self.state.remove_worker(address, self._sid("worker-closed"))
                 logger.info("worker %s left: %s", address, conn.close_reason)
 
@@ -242,6 +243,7 @@ class Scheduler:
         def on_close(conn: Connection, exc: BaseException | None) -> None:
             self._subscribers.pop(client_id, None)
             if self._clients.pop(client_id, None) is not None:
+                self.state.tick(time.time())
                 self.state.remove_client(client_id, self._sid("client-closed"))
 
         conn.on_close = on_close
@@ -376,6 +378,7 @@ class Scheduler:
                 if worker_conn is not None:
                     worker_conn.close()
                 sid = msg.stimulus_id or self._sid("worker-exited")
+                self.state.tick(time.time())
                 self.state.remove_worker(msg.address, sid, f"exited: {msg.reason}")
 
         conn.set_handler(on_frame)

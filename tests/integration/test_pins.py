@@ -157,11 +157,13 @@ def test_a_killed_client_process_drops_its_pins(cluster: LocalCluster, client: C
         assert shown["id"] == pin_id and shown["owner"].startswith("client:")
         assert shown["owner"] != f"client:{client.id}"
         assert "pinned" in client.retire_workers([w0])["refused"][w0]
+        killed_at = time.time()
         child.send_signal(signal.SIGKILL)
         child.wait(30)
         wait_until(lambda: worker_pins(client)[w0] == [], what="the dead client's pin to go")
-        last = client.get_events("pins")[-1][1]
+        when, last = client.get_events("pins")[-1]
         assert last == {**last, "action": "unpin", "pin": pin_id, "why": "its client left"}
+        assert killed_at <= when <= time.time()  # stamped when it happened
     finally:
         if child.poll() is None:
             child.kill()

@@ -28,7 +28,9 @@ import msgspec
 #    keys are never NaN, nor hold None or bools (as Dask); results carry their run_id.
 # 8: payload kind BYTES (a large bytes value as one out-of-band buffer); out-of-band
 #    buffers are no longer bounded by the frame limit.
-PROTOCOL_VERSION = 8
+# 9: elastic clusters: pins and the event log (PinWorkers, EventsRequest, ...,
+#    RetireWorkers.ignore_pins, WorkerInfo.pins).
+PROTOCOL_VERSION = 9
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested

@@ -22,7 +22,7 @@ barrier, and so every unpack not done, with a message saying why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.errors import error_payload
@@ -103,6 +103,18 @@ class ShuffleCoordinator:
         def _enqueue(self, ts: TaskState) -> None: ...
         def _dequeue(self, ts: TaskState) -> None: ...
         def _restrictions(self, spec: m.TaskRestrictions) -> Restrictions | None: ...
+        def add_pin(
+            self,
+            workers: Iterable[str],
+            reason: str,
+            owner: str,
+            lease: float | None,
+            stimulus_id: str,
+        ) -> Any: ...
+        def release_pins_of(self, owner: str, stimulus_id: str, why: str) -> None: ...
+        def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
+
+        pin_owner_kinds: dict[str, Callable[[str], bool]]
 
     def _init_shuffles(self, max_restarts: int = DEFAULT_SHUFFLE_RESTARTS) -> None:
         self.shuffles: dict[str, ShuffleRecord] = {}
@@ -113,14 +125,13 @@ class ShuffleCoordinator:
         # Run numbers grow over every shuffle: a shuffle forgotten and submitted again
         # (the same id) never reuses the number of a run whose data workers refused.
         self.shuffle_last_run = 0
-        self.shuffle_events: list[dict[str, Any]] = []  # until the core's event log lands
-        kinds: dict[str, Callable[[str], bool]] | None = getattr(self, "pin_owner_kinds", None)
-        if kinds is not None:  # a shuffle's pins live while it runs
-            kinds["shuffle"] = self._shuffle_alive
+        self.pin_owner_kinds["shuffle"] = self._shuffle_alive  # its pins live while it runs
 
     def _shuffle_alive(self, shuffle_id: str) -> bool:
+        """A shuffle's pins may live while it runs (an id this coordinator does not
+        know is not its business: a pin made through the API directly)."""
         rec = self.shuffles.get(shuffle_id)
-        return rec is not None and rec.running
+        return rec is None or rec.running
 
     # ------------------------------------------------------------------ hooks
 
@@ -247,10 +258,8 @@ class ShuffleCoordinator:
         for ts in rec.tasks():
             role, partition = self.shuffle_tasks[ts][1:]
             self._shuffle_restrict(ts, self._shuffle_place_of(rec, role, partition))
-        add_pin = getattr(self, "add_pin", None)
-        if add_pin is not None:  # (the pins API, once it has landed)
-            reason = f"P2P shuffle {rec.id} (run {rec.run})"
-            add_pin(list(rec.participants), reason, rec.owner, None, stimulus_id)
+        reason = f"P2P shuffle {rec.id} (run {rec.run})"
+        self.add_pin(list(rec.participants), reason, rec.owner, None, stimulus_id)
 
     def _shuffle_restart(self, rec: ShuffleRecord, why: str, stimulus_id: str) -> None:
         rec.restarts += 1
@@ -354,13 +363,7 @@ class ShuffleCoordinator:
             ts.restrictions = r
 
     def _shuffle_unpin(self, rec: ShuffleRecord, stimulus_id: str, why: str) -> None:
-        release = getattr(self, "release_pins_of", None)
-        if release is not None:
-            release(rec.owner, stimulus_id, why)
+        self.release_pins_of(rec.owner, stimulus_id, why)
 
     def _shuffle_event(self, data: dict[str, Any]) -> None:
-        log_event = getattr(self, "log_event", None)
-        if log_event is not None:
-            log_event(P2P_TOPIC, data)
-        else:
-            self.shuffle_events.append(data)
+        self.log_event(P2P_TOPIC, data)

@@ -47,11 +47,7 @@ def submit(sim: Sim, ninputs: int = 3, nout: int = 4) -> None:
 
 
 def events(sim: Sim, action: str | None = None) -> list[dict]:
-    s = sim.s
-    if hasattr(s, "get_events"):
-        found = [data for _, data in s.get_events("p2p")["p2p"]]
-    else:
-        found = list(s.shuffle_events)
+    found = [data for _, data in sim.s.get_events("p2p")["p2p"]]
     return [e for e in found if action is None or e["action"] == action]
 
 
@@ -71,10 +67,6 @@ def finish_transfers(sim: Sim, ninputs: int = 3) -> None:
 
 def two_workers() -> Sim:
     return Sim(workers={W1: 1, W2: 1})
-
-
-def has_pins(sim: Sim) -> bool:
-    return hasattr(sim.s, "pins_of")
 
 
 def pinned_by_shuffle(sim: Sim, address: str) -> bool:
@@ -296,10 +288,6 @@ def test_a_result_of_an_older_run_is_ignored():
 # --- pins (the core's pins API) -----------------------------------------------------
 
 
-needs_pins = pytest.mark.skipif(not hasattr(Sim().s, "pins_of"), reason="pins not merged yet")
-
-
-@needs_pins
 def test_participants_are_pinned_until_the_shuffle_finishes():
     sim = Sim(workers={W1: 1, W2: 1})
     submit(sim)
@@ -309,7 +297,6 @@ def test_participants_are_pinned_until_the_shuffle_finishes():
     assert not pinned_by_shuffle(sim, W1) and not pinned_by_shuffle(sim, W2)
 
 
-@needs_pins
 def test_pins_follow_a_restart_and_go_when_it_fails_or_is_forgotten():
     sim = Sim(workers={W1: 1, W2: 1, W3: 1})
     sim.s.shuffle_max_restarts = 1
@@ -319,7 +306,7 @@ def test_pins_follow_a_restart_and_go_when_it_fails_or_is_forgotten():
     assert pinned_by_shuffle(sim, W1) and pinned_by_shuffle(sim, W2)
     sim.remove_worker(W2)
     assert not pinned_by_shuffle(sim, W1)
-    sim2 = Sim(workers={W1: 1})
+    sim2 = Sim(workers={W1: 4})
     submit(sim2)
     finish_inputs(sim2)
     assert pinned_by_shuffle(sim2, W1)

@@ -49,8 +49,6 @@ def graph_names(collection) -> set[str]:
 
 
 def p2p_events(client: Client) -> list[dict]:
-    if not hasattr(client, "get_events"):
-        pytest.skip("the scheduler's event log is not merged yet")
     return [data for _, data in client.get_events("p2p")]
 
 
@@ -234,9 +232,8 @@ def test_a_shuffle_past_the_buffer_limit_spills_and_is_correct(monkeypatch):
         out = dd.from_pandas(pdf, npartitions=8).shuffle("k", npartitions=6)
         same_rows(out.compute(), pdf)
         assert spilled_on_workers(client) > 0
-        if hasattr(client, "get_events"):
-            (finish,) = [e for _, e in client.get_events("p2p") if e["action"] == "finish"]
-            assert finish["bytes_spilled"] > 0
+        (finish,) = [e for _, e in client.get_events("p2p") if e["action"] == "finish"]
+        assert finish["bytes_spilled"] > 0
 
 
 def test_three_workers_with_two_threads_each():

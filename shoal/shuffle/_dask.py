@@ -104,7 +104,9 @@ def install() -> None:
         if "dask.dataframe" in sys.modules:
             _patch_dataframe(original)
         else:
-            sys.meta_path.insert(0, _AfterImport("dask.dataframe", lambda: _patch_dataframe(original)))
+            sys.meta_path.insert(
+                0, _AfterImport("dask.dataframe", lambda: _patch_dataframe(original))
+            )
 
 
 class _AfterImport:
@@ -156,7 +158,7 @@ def _patch_dataframe(original: Any) -> None:
         module.get_default_shuffle_method = default  # type: ignore[attr-defined]
     # DataFrame.shuffle checks dtypes with distributed when the method is "p2p": it
     # sees shoal's name instead (shoal's P2P takes any dtype pickle takes).
-    _collection.get_default_shuffle_method = _wrap_default(original, SHOAL_P2P)  # type: ignore[attr-defined]
+    _collection.get_default_shuffle_method = _wrap_default(original, SHOAL_P2P)
 
     frame_shuffle = _collection.FrameBase.shuffle
 

@@ -32,7 +32,9 @@ def split_by_destination(
     data = df.drop(columns=[column])
     if len(codes) and (codes.min() < 0 or codes.max() >= npartitions):
         bad = codes[(codes < 0) | (codes >= npartitions)][0]
-        raise ValueError(f"column {column!r} holds {bad}, not an output partition in [0, {npartitions})")
+        raise ValueError(
+            f"column {column!r} holds {bad}, not an output partition in [0, {npartitions})"
+        )
     if parts_out is not None:
         wanted = np.zeros(npartitions, dtype=bool)
         wanted[list(parts_out)] = True

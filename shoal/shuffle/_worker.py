@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -204,7 +205,7 @@ class ShuffleService:
                 return m.ShuffleData(rid, info.id, info.run, input_partition, p, c, payloads)
 
             fut = asyncio.run_coroutine_threadsafe(self._send(address, make, buffers), loop)
-            fut.add_done_callback(lambda _, n=nbytes: self._released(n))
+            fut.add_done_callback(functools.partial(self._acknowledged, nbytes))
             pending.append((address, fut, nbytes))
         self._flush(info, pending)
 
@@ -380,7 +381,7 @@ class ShuffleService:
             self.outgoing += nbytes
             self.stats.setdefault((info.id, info.run), [0, 0])[0] += nbytes
 
-    def _released(self, nbytes: int) -> None:
+    def _acknowledged(self, nbytes: int, _: object) -> None:
         with self.cond:
             self.outgoing -= nbytes
             self.cond.notify_all()

@@ -87,9 +87,11 @@ def test_disk_is_refused_saying_why(client):
         ddf.shuffle("k", shuffle_method="disk")
     with pytest.raises(DiskShuffleRefused, match="rows are lost"):
         ddf.set_index("k", shuffle_method="disk").compute()
-    with dask.config.set({"dataframe.shuffle.method": "disk"}):
-        with pytest.raises(DiskShuffleRefused, match="dataframe.shuffle.method"):
-            ddf.shuffle("k").compute()
+    with (
+        dask.config.set({"dataframe.shuffle.method": "disk"}),
+        pytest.raises(DiskShuffleRefused, match="dataframe.shuffle.method"),
+    ):
+        ddf.shuffle("k").compute()
 
 
 def test_tasks_still_works(client):

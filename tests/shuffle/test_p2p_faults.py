@@ -58,7 +58,8 @@ def test_a_participant_killed_mid_shuffle_still_gives_the_right_result():
         os.kill(pid, signal.SIGKILL)
         got = future.result(timeout=120)
         pd.testing.assert_frame_equal(
-            got.sort_values("id").reset_index(drop=True), pdf.sort_values("id").reset_index(drop=True)
+            got.sort_values("id").reset_index(drop=True),
+            pdf.sort_values("id").reset_index(drop=True),
         )
         events = p2p_events(client)
         restarts = [e for e in events if e["action"] == "restart"]

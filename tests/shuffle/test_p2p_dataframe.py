@@ -250,3 +250,13 @@ def test_three_workers_with_two_threads_each():
         same_rows(ddf.shuffle("k", npartitions=7).compute(), pdf)
         got = ddf.merge(dd.from_pandas(other, npartitions=3), on="k", how="left").compute()
         same_rows(got, pdf.merge(other, on="k", how="left"))
+
+
+def test_the_graph_computed_by_another_scheduler_is_right_too(client):
+    """dask.compute(..., scheduler="sync") under a shoal default: shoal's P2P graph
+    runs in this process (no shoal worker), transfers handing their frames on."""
+    pdf = frame()
+    s = dd.from_pandas(pdf, npartitions=3).shuffle("k", npartitions=4)
+    assert any(n.startswith("shoal-shuffle-transfer-") for n in graph_names(s))
+    (got,) = dask.compute(s, scheduler="sync")
+    same_rows(got, pdf)

@@ -240,6 +240,8 @@ class ShuffleCoordinator:
         rec.run = self._next_shuffle_run()
         rec.running = True
         rec.participants = tuple(sorted(self.runnable))
+        # (started again: an unpack's result was lost, say) what is done is what is held
+        rec.done = {p for p, ts in rec.unpacks.items() if ts.state == "memory"}
         self._shuffle_begin_run(rec, stimulus_id)
         self._shuffle_event(
             {

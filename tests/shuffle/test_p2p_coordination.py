@@ -312,3 +312,20 @@ def test_pins_follow_a_restart_and_go_when_it_fails_or_is_forgotten():
     assert pinned_by_shuffle(sim2, W1)
     sim2.release(*[("u", p) for p in range(4)])
     assert not pinned_by_shuffle(sim2, W1)
+
+
+def test_a_shuffle_started_again_finishes_only_when_all_its_unpacks_are_done_again():
+    sim = Sim(workers={W1: 2})
+    submit(sim, ninputs=1, nout=2)
+    sim.run_all()
+    sim.remove_worker(W1)  # every result is lost: the shuffle runs again from scratch
+    sim.add_worker(W2, 2)
+    sim.finish(("in", 0))
+    sim.finish(("t", 0))
+    sim.finish("b")
+    sim.finish(("u", 0))
+    assert sim.s.shuffles[SID].running  # ("u", 1) still to come
+    assert pinned_by_shuffle(sim, W2)
+    sim.finish(("u", 1))
+    assert [e["action"] for e in events(sim)][-1] == "finish"
+    assert len(events(sim, "finish")) == 2 and not pinned_by_shuffle(sim, W2)

@@ -9,6 +9,8 @@ frames stay small. The kill test is in test_p2p_faults.py.
 
 from __future__ import annotations
 
+import os
+
 import dask
 import dask.dataframe as dd
 import numpy as np
@@ -260,3 +262,35 @@ def test_the_graph_computed_by_another_scheduler_is_right_too(client):
     assert any(n.startswith("shoal-shuffle-transfer-") for n in graph_names(s))
     (got,) = dask.compute(s, scheduler="sync")
     same_rows(got, pdf)
+
+
+DISTRIBUTED_SCRIPT = """
+import dask.utils, dask.dataframe as dd, pandas as pd
+import shoal.shuffle._dask as shoal_dask
+from distributed import Client, LocalCluster
+
+shoal_dask.install()  # as a shoal client would have
+with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c, Client(c):
+    assert dask.utils.get_default_shuffle_method() == "p2p"
+    s = dd.from_pandas(pd.DataFrame({"a": range(100)}), npartitions=2).shuffle("a")
+    names = {k[0] if isinstance(k, tuple) else k for k in s.__dask_graph__()}
+    assert not any("shoal" in n for n in names), names
+    assert any(n.startswith("shuffle-transfer") for n in names), names
+    assert sorted(s.compute()["a"]) == list(range(100))
+print("ok")
+"""
+
+
+def test_dask_distributed_in_the_same_process_is_unchanged():
+    pytest.importorskip("distributed")
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", DISTRIBUTED_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -21,11 +21,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scheduler_harness import ARGS, EXC, FUNCS, Sim, addr
+from scheduler_harness import EXC, FUNCS, Sim, addr
+from test_p2p_coordination import SID, shuffle_graph
 
 from shoal.protocol.messages import ComputeTask, SubmitTasks, TaskErred, TaskFinished
 from shoal.shuffle._plan import owner
-from test_p2p_coordination import SID, shuffle_graph
 
 
 class Model:

@@ -1,0 +1,178 @@
+"""The worker's shuffle service on its own (a real event loop in a thread, fake peers):
+back-pressure on sending, pieces kept per run, spilling past the buffer limit, unpacks
+reading memory and disk in input order, stale runs refused and waiters woken."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from shoal.protocol import messages as m
+from shoal.protocol.serialize import dumps_value
+from shoal.shuffle._split import split_by_destination
+from shoal.shuffle._worker import ShuffleService, StaleRun
+
+pytestmark = pytest.mark.timeout(60)
+
+ME, PEER1, PEER2 = "tcp://me:1", "tcp://p1:1", "tcp://p2:1"
+
+
+class FakeConn:
+    """Requests wait until the test acknowledges them, one by one."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[m.ShuffleData, asyncio.Event]] = []
+        self.sent: list[m.Message] = []
+
+    async def request(self, make: Any, buffers: list[Any], timeout: float | None = None) -> Any:
+        msg = make(len(self.requests) + 1)
+        ack = asyncio.Event()
+        self.requests.append((msg, ack))
+        await ack.wait()
+        return m.Ack(msg.request_id), []
+
+    def send(self, msg: m.Message, buffers: list[Any] | None = None) -> None:
+        self.sent.append(msg)
+
+
+class FakePeers:
+    def __init__(self, conn: FakeConn):
+        self.conn = conn
+
+    async def get(self, address: str) -> FakeConn:
+        return self.conn
+
+
+class FakeWorker:
+    def __init__(self, loop: asyncio.AbstractEventLoop, directory: str, conn: FakeConn):
+        self.address = ME
+        self.memory_limit = 10**9
+        self.local_directory = directory
+        self._loop = loop
+        self._peers = FakePeers(conn)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+def frame(n: int, partitions: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "v": np.arange(n),
+            "s": pd.array([None if i % 9 == 0 else f"s{i}" for i in range(n)], "string"),
+            "c": pd.Categorical([["a", "b"][i % 2] for i in range(n)]),
+            "_partitions": rng.integers(0, partitions, n),
+        }
+    )
+
+
+def until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_transfer_waits_while_too_many_bytes_are_unacknowledged(loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_SHUFFLE_SEND_LIMIT", "3000")
+    conn = FakeConn()
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), conn))  # type: ignore[arg-type]
+    info = m.ShuffleRun("s", 1, [ME, PEER1, PEER2])
+    batches = split_by_destination(frame(400, 6), "_partitions", 6, info.participants)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (service.send(info, 0, batches), done.set()))
+    thread.start()
+    until(lambda: len(conn.requests) == 1)
+    time.sleep(0.2)
+    assert len(conn.requests) == 1 and not done.is_set()  # the second waits for room
+    assert service.outgoing > 0
+    loop.call_soon_threadsafe(conn.requests[0][1].set)
+    until(lambda: len(conn.requests) == 2)
+    time.sleep(0.1)
+    assert not done.is_set()  # it returns only once everything is acknowledged
+    loop.call_soon_threadsafe(conn.requests[1][1].set)
+    until(done.is_set)
+    thread.join(5)
+    assert service.outgoing == 0
+    assert {msg.id for msg, _ in conn.requests} == {"s"}
+    # our own rows stayed here, without a trip through the network
+    assert service.runs["s"].inputs == {0}
+
+
+def receive(service: ShuffleService, run: int, i: int, df: pd.DataFrame, npart: int) -> None:
+    batches = split_by_destination(df, "_partitions", npart, [ME])
+    partitions, counts, rows = batches[ME]
+    payloads, buffers = [], []
+    if rows is not None:
+        payload, buffers = dumps_value(rows)
+        payloads = [payload]
+    msg = m.ShuffleData(i + 1, "s", run, i, partitions, counts, payloads)
+    service.receive(FakeConn(), msg, [memoryview(bytes(b)) for b in buffers])
+
+
+def test_pieces_spill_past_the_limit_and_unpack_in_input_order(loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_SHUFFLE_BUFFER_BYTES", "2000")
+    conn = FakeConn()
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), conn))  # type: ignore[arg-type]
+    inputs = [frame(300, 3, seed=i) for i in range(4)]
+    for i, df in enumerate(inputs):
+        receive(service, 1, i, df, 3)
+    receive(service, 1, 2, inputs[2], 3)  # a transfer that ran twice: counted once
+    assert service.spilled_total > 0
+    assert os.listdir(service.runs["s"].directory)
+    info = m.ShuffleRun("s", 1, [ME])
+    for p in range(3):
+        pieces = service.take(info, p, ninputs=4)
+        assert [i for i, _ in pieces] == sorted(i for i, _ in pieces)
+        got = pd.concat([piece for _, piece in pieces])
+        want = pd.concat([df[df["_partitions"] == p] for df in inputs]).drop(columns="_partitions")
+        pd.testing.assert_frame_equal(got, want)
+    with pytest.raises(RuntimeError, match="unpacked already"):
+        service.take(info, 0, ninputs=4)
+
+
+def test_older_runs_are_refused_and_their_waiters_woken(loop, tmp_path):
+    conn = FakeConn()
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), conn))  # type: ignore[arg-type]
+    receive(service, 5, 0, frame(50, 2), 2)
+    old = m.ShuffleRun("s", 5, [ME])
+    errors: list[BaseException] = []
+
+    def unpack() -> None:
+        try:
+            service.take(old, 0, ninputs=2)  # the second input never comes in run 5
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=unpack)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()
+    service.on_restart("s", 7)
+    thread.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], StaleRun)
+    receive(service, 5, 1, frame(50, 2, seed=1), 2)  # late rows of run 5: dropped
+    assert service.runs["s"].run == 7 and service.runs["s"].inputs == set()
+    service.on_forget("s", 7)
+    assert "s" not in service.runs
+    receive(service, 7, 0, frame(50, 2), 2)  # after the end of run 7: refused
+    assert "s" not in service.runs
+    with pytest.raises(StaleRun):
+        service.take(m.ShuffleRun("s", 7, [ME]), 0, ninputs=1)

@@ -8,6 +8,7 @@ their frames on as results, and each unpack selects its rows from all of them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,11 +48,21 @@ def _context(shuffle_id: str) -> tuple[Any, m.ShuffleRun, Any]:
 
 
 def _report(service: Any, info: m.ShuffleRun, worker: Any) -> None:
-    """Bytes sent and spilled go to the scheduler ahead of this task's result."""
+    """Bytes sent and spilled go to the scheduler ahead of this task's result: queued
+    on the scheduler connection (from the loop) before this thread returns."""
     sent, spilled = service.take_stats(info)
-    if (sent or spilled) and worker._loop is not None and worker.scheduler is not None:
-        msg = m.ShuffleStats(info.id, info.run, sent, spilled)
-        worker._loop.call_soon_threadsafe(worker.scheduler.send, msg)
+    loop, scheduler = worker._loop, worker.scheduler
+    if not (sent or spilled) or loop is None or scheduler is None:
+        return
+    msg = m.ShuffleStats(info.id, info.run, sent, spilled)
+    queued = threading.Event()
+
+    def send() -> None:
+        scheduler.send(msg)
+        queued.set()
+
+    loop.call_soon_threadsafe(send)
+    queued.wait(10)  # (a closing loop may never run it: the stats are lost, nothing else)
 
 
 def shuffle_transfer(

@@ -53,6 +53,7 @@ _REPLIES = (
     m.HeartbeatReply,
     m.RetireReply,
     m.GroupsReply,
+    m.ScaleReply,
 )
 
 

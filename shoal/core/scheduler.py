@@ -24,6 +24,7 @@ from shoal.core.membership import (
 )
 from shoal.core.placement import Placement
 from shoal.core.progress import Progress
+from shoal.core.scaling import Scaling
 from shoal.core.scheduler_model import (
     SMALL,
     TASK_STATES,
@@ -63,7 +64,7 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress):
+class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress, Scaling):
     def __init__(
         self,
         comm: Comm,
@@ -86,6 +87,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         self._init_placement()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
+        self._init_scaling()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -422,6 +424,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,
+        m.ScaleRequest: Scaling._scale_request,
     }
 
     # ------------------------------------------------------------------ events: workers

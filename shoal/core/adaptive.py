@@ -188,7 +188,9 @@ class AdaptivePolicy:
             numbers["wait_count"] = self.wait_count
             if len(self.lower) < self.wait_count:
                 action = "wait"
-                why += f"; lower {len(self.lower)} of {self.wait_count} times in a row: keep {current}"
+                why += (
+                    f"; lower {len(self.lower)} of {self.wait_count} times in a row: keep {current}"
+                )
                 target = current
             else:
                 action = "down"
@@ -206,14 +208,17 @@ class AdaptivePolicy:
     def _explain(self, n: dict[str, Any], proposed: int, target: int) -> str:
         parts = [
             f"{n['tasks']} tasks ({n['work_seconds']:g}s of work"
-            + (f", {n['unmeasured_tasks']} at the default duration" if n["unmeasured_tasks"] else "")
+            + (
+                f", {n['unmeasured_tasks']} at the default duration"
+                if n["unmeasured_tasks"]
+                else ""
+            )
             + f") need {n['threads_needed']} threads to finish in {self.target_duration:g}s"
             + f": {n['for_work']} workers"
         ]
         if n["memory_pressure"]:
             parts.append(
-                f"{len(n['memory_pressure'])} paused or spilling workers ask for "
-                f"{n['for_memory']}"
+                f"{len(n['memory_pressure'])} paused or spilling workers ask for {n['for_memory']}"
             )
         text = "; ".join(parts)
         if target != proposed:

@@ -64,8 +64,6 @@ class Scaling:
 
         def retire_for_scaling(self, workers: Iterable[WorkerRecord], stimulus_id: str) -> None: ...
         def cancel_retirement(self, address: str, stimulus_id: str) -> bool: ...
-        def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
-        def is_pinned(self, address: str) -> bool: ...
 
     def _init_scaling(self) -> None:
         self.adaptive_sessions: dict[str, AdaptiveSession] = {}  # client id -> its loop
@@ -185,7 +183,9 @@ class Scaling:
             snapshot = self.adaptive_snapshot(staying, len(launching), msg.threads_per_worker)
             decision = session.policy.recommend(snapshot, self._now)
             session_name = session.name
-        reply = m.ScaleReply(msg.request_id, decision.target, decision.action, reason=decision.reason)
+        reply = m.ScaleReply(
+            msg.request_id, decision.target, decision.action, reason=decision.reason
+        )
         if decision.action == "up":
             self._scale_up(decision.target - current, joined, reply, sid)
         elif decision.action == "down":
@@ -205,7 +205,11 @@ class Scaling:
             msg.default_task_duration,
         )
         session = self.adaptive_sessions.get(cs.id)
-        if session is None or session.name != msg.session or not session.policy.same_settings(policy):
+        if (
+            session is None
+            or session.name != msg.session
+            or not session.policy.same_settings(policy)
+        ):
             session = self.adaptive_sessions[cs.id] = AdaptiveSession(msg.session, policy)
         return session
 

@@ -4,6 +4,7 @@ with simulated time and no network."""
 from __future__ import annotations
 
 import pytest
+from scheduler_harness import Sim, addr
 
 from shoal.core.adaptive import AdaptivePolicy, PrefixLoad, Snapshot, WorkerLoad
 from shoal.protocol.messages import (
@@ -14,8 +15,6 @@ from shoal.protocol.messages import (
     ScaleRequest,
     WorkerStatus,
 )
-
-from scheduler_harness import Sim, addr
 
 # --- the policy alone ---------------------------------------------------------------------
 

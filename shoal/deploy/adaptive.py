@@ -62,24 +62,20 @@ class Adaptive:
         interval: str | float = "1s",
         default_task_duration: str | float = DEFAULT_TASK_DURATION,
     ):
-        if maximum is not None and isinstance(maximum, float) and math.isinf(maximum):
-            maximum = None
-        if isinstance(maximum, float) and maximum.is_integer():
-            maximum = int(maximum)
+        limit = _maximum(maximum)
         self.target_duration = parse_duration(target_duration, "target_duration")
         self.interval = parse_duration(interval, "interval")
         self.default_task_duration = parse_duration(default_task_duration, "default_task_duration")
         # The same checks as the core's, here so that a bad value fails in the caller.
-        AdaptivePolicy(
-            minimum, maximum, self.target_duration, wait_count, self.default_task_duration
-        )  # type: ignore[arg-type]
+        AdaptivePolicy(minimum, limit, self.target_duration, wait_count, self.default_task_duration)
         self.minimum = minimum
-        self.maximum: int | None = maximum  # type: ignore[assignment]
+        self.maximum = limit
         self.wait_count = wait_count
         self.cluster = cluster
         self.session = f"adaptive-{uuid.uuid4().hex[:12]}"
         self.last: m.ScaleReply | None = None  # the scheduler's latest answer
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -109,7 +105,9 @@ class Adaptive:
         )
 
     async def _run(self) -> None:
-        while True:
+        # Checked as well as cancelled: on Python 3.11 a cancel that meets a reply
+        # arriving inside asyncio.wait_for can be swallowed, and the loop would go on.
+        while not self._stopping:
             try:
                 self.last = await self.cluster._adapt_once(self)
             except asyncio.CancelledError:
@@ -119,6 +117,7 @@ class Adaptive:
             await asyncio.sleep(self.interval)
 
     async def _stop(self) -> None:
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -128,3 +127,12 @@ class Adaptive:
     def stop(self) -> None:
         """Stop adapting (idempotent); the workers there stay."""
         self.cluster._stop_adaptive(self)
+
+
+def _maximum(maximum: Any) -> int | None:
+    """None (no maximum) for None or infinity; a whole float as an int."""
+    if isinstance(maximum, float) and math.isinf(maximum) and maximum > 0:
+        return None
+    if isinstance(maximum, float) and maximum.is_integer():
+        return int(maximum)
+    return maximum  # checked by AdaptivePolicy

@@ -176,6 +176,8 @@ class ElasticCluster:
     def _close_elastic(self) -> None:
         """Stop adapting and drop the scheduler connection (the cluster is closing)."""
         adaptive, self._adaptive = self._adaptive, None
+        if adaptive is None and self._control is None and self._reaper is None:
+            return  # never scaled: nothing to stop (and no control loop to start)
 
         async def stop() -> None:
             if adaptive is not None:

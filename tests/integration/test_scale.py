@@ -28,6 +28,11 @@ def n_workers(client: Client) -> int:
     return len(client.scheduler_info()["workers"])
 
 
+def holding(client: Client) -> int:
+    """Bytes of results the workers hold."""
+    return sum(w["nbytes"] for w in client.scheduler_info()["workers"].values())
+
+
 def test_scale_up_then_down_keeps_the_data_and_recomputes_nothing(tmp_path):
     path = str(tmp_path / "runs")
     with (
@@ -70,6 +75,7 @@ def test_scale_from_zero_workers_to_some_and_back_to_none():
         cluster.scale(2)
         client.wait_for_workers(2, timeout=20)
         assert client.submit(sum, [1, 2]).result(timeout=20) == 3
+        wait_until(lambda: holding(client) == 0, what="the result to be released")
         cluster.scale(0)
         wait_until(lambda: n_workers(client) == 0, what="every worker to retire")
         wait_until(lambda: cluster.nanny_pids == [], what="the nannies to be reaped")
@@ -86,6 +92,7 @@ def test_scale_down_keeps_a_worker_while_it_holds_the_only_copy():
         time.sleep(0.5)
         assert n_workers(client) == 1  # nowhere to copy its data: kept
         del future
+        wait_until(lambda: holding(client) == 0, what="the result to be released")
         cluster.scale(0)
         wait_until(lambda: n_workers(client) == 0, what="the worker to retire")
 

@@ -9,6 +9,7 @@ EXPECTED = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Pin",
     "Security",
     "SerializationError",
     "TaskInterrupted",

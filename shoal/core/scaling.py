@@ -58,12 +58,15 @@ class Scaling:
     retiring: dict[str, Any]
     scaling_down: dict[str, str]
     comm: Comm
-    _now: float
+
+    wall_time: float
 
     if TYPE_CHECKING:
 
         def retire_for_scaling(self, workers: Iterable[WorkerRecord], stimulus_id: str) -> None: ...
         def cancel_retirement(self, address: str, stimulus_id: str) -> bool: ...
+        def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
+        def is_pinned(self, address: str) -> bool: ...
 
     def _init_scaling(self) -> None:
         self.adaptive_sessions: dict[str, AdaptiveSession] = {}  # client id -> its loop
@@ -166,7 +169,7 @@ class Scaling:
         if msg.n >= 0:
             self.adaptive_sessions.pop(cs.id, None)  # scale() ends adapt
             decision = Decision(
-                self._now,
+                self.wall_time,
                 "up" if msg.n > current else "down" if msg.n < current else "same",
                 current,
                 msg.n,
@@ -181,7 +184,7 @@ class Scaling:
                 self.comm.send_client(cs.id, m.ScaleReply(msg.request_id, error=str(e)))
                 return
             snapshot = self.adaptive_snapshot(staying, len(launching), msg.threads_per_worker)
-            decision = session.policy.recommend(snapshot, self._now)
+            decision = session.policy.recommend(snapshot, self.wall_time)
             session_name = session.name
         reply = m.ScaleReply(
             msg.request_id, decision.target, decision.action, reason=decision.reason
@@ -272,13 +275,3 @@ class Scaling:
                 "tasks) the staying workers have no room for"
             )
         self.log_event(EVENT_TOPIC, event)
-
-    # ------------------------------------------------------------------ until pins land
-    # TODO(merge pins): delete these two; SchedulerState gets them from the pins work.
-
-    def log_event(self, topic: str, data: dict[str, Any]) -> None:
-        log = self.__dict__.setdefault("_events_shim", {})
-        log.setdefault(topic, []).append((self._now, data))
-
-    def is_pinned(self, address: str) -> bool:
-        return False

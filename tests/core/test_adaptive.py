@@ -197,7 +197,7 @@ def test_adapt_scales_up_from_zero_and_down_to_minimum_with_events():
     assert closes(sim, gone) and gone not in sim.s.workers  # no data: closed at once
     # Listed by the cluster until its process exits, but never counted again.
     assert adapt(sim, ["a", "b"], minimum=1).action == "same"
-    events = [e for _, e in sim.s._events_shim["adaptive"]]
+    events = [e for _, e in sim.s.events.get("adaptive")]
     assert [e["action"] for e in events] == ["same", "up", "same", "down", "same"]
     up = events[1]
     assert up["start"] == 2 and up["tasks"] == 6 and "6 tasks" in up["reason"]
@@ -208,7 +208,7 @@ def test_the_same_nothing_decision_is_logged_once():
     sim = Sim({addr(1): 1})
     for _ in range(5):
         adapt(sim, ["w1:1"], minimum=1)
-    assert len(sim.s._events_shim["adaptive"]) == 1
+    assert len(sim.s.events.get("adaptive")) == 1
 
 
 def test_scale_down_retires_gracefully_and_keeps_the_data():
@@ -292,7 +292,7 @@ def test_the_last_worker_holding_data_is_kept():
     sim.scatter(addr(1), {"x": 10})
     reply = scale(sim, ["w1:1"], n=0)
     assert reply.closing == [] and addr(1) in sim.s.workers
-    [event] = [e for _, e in sim.s._events_shim["adaptive"]]
+    [event] = [e for _, e in sim.s.events.get("adaptive")]
     assert "kept 1 more" in event["reason"]
     sim.release("x")
     assert scale(sim, ["w1:1"], n=0).closing == ["w1:1"]
@@ -328,3 +328,33 @@ def test_spilling_worker_asks_for_more_through_heartbeats():
     sim.s.heartbeat(addr(1), Heartbeat(1, memory=900), now=5.0)
     reply = adapt(sim, ["a"])
     assert (reply.action, reply.start) == ("up", 1)
+
+
+def test_a_pinned_worker_is_never_closed():
+    sim = Sim({addr(1): 1, addr(2): 1, addr(3): 1})
+    sim.scatter(addr(1), {"x": 100})
+    pin = sim.s.add_pin([addr(2), addr(3)], "shuffle", "client:c", None, "pin-1")
+    assert [ws.address for ws in sim.s.workers_to_close(3)] == [addr(1)]
+    # Idle, empty and pinned: scale(0) and adapt keep them; only w1 could go, and it
+    # holds data that the pinned ones would take.
+    reply = scale(sim, names(addr(1), addr(2), addr(3)), n=0)
+    assert reply.closing == ["w1:1"]
+    assert sim.ws(addr(2)).status == sim.ws(addr(3)).status == "running"
+    sim.add_keys(addr(2), {"x": 100})  # the copy lands on a pinned worker: allowed
+    assert addr(1) not in sim.s.workers
+    [event] = [e for _, e in sim.s.events.get("adaptive")]
+    assert "kept 2 more" in event["reason"] and "pinned" in event["reason"]
+    sim.s.release_pin(pin.id, "unpin")
+    reply = adapt(sim, names(addr(2), addr(3)), minimum=0)
+    assert reply.closing == ["w3:1"]  # unpinned now; x is on w2, which stays with it
+    assert addr(3) not in sim.s.workers and addr(2) in sim.s.workers
+
+
+def test_events_are_stamped_with_the_scheduler_wall_clock():
+    sim = Sim({addr(1): 1})
+    sim.s.tick(1234.5)
+    scale(sim, ["w1:1"], n=2)
+    [(when, event)] = sim.s.events.get("adaptive")
+    assert when == 1234.5
+    assert event["action"] == "up" and event["start"] == 1 and event["client"] == "c"
+    assert event["reason"] == "scale(2) asked by the cluster (have 1)"

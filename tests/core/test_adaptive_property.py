@@ -60,6 +60,9 @@ class ScalingCluster(Cluster):
         [reply] = [m for m in self.sim.comm.clients["c"] if isinstance(m, ScaleReply)]
         self.pump()
         assert not reply.error
+        s = self.sim.s
+        for name in reply.closing:  # scaling never picks a pinned worker
+            assert not s.is_pinned(self.by_name[name]), name
         for name in reply.stop:
             self.launching.remove(name)
         self.start(reply.start)
@@ -97,6 +100,7 @@ class ScalingCluster(Cluster):
 class Scenario:
     deps: list[list[int]]
     scales: dict[int, int | dict[str, Any]]  # step -> scale(n), or adapt settings
+    pins: dict[int, int]  # step -> pin the i-th joined worker (-1: release every pin)
     seed: int
 
 
@@ -121,7 +125,8 @@ def scenarios(draw: Any) -> Scenario:
             st.integers(0, 80), st.one_of(st.integers(0, 4), adapt_settings), max_size=6
         )
     )
-    return Scenario(deps, scales, draw(st.integers(0, 2**32)))
+    pins = draw(st.dictionaries(st.integers(0, 80), st.integers(-1, 3), max_size=4))
+    return Scenario(deps, scales, pins, draw(st.integers(0, 2**32)))
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -135,7 +140,19 @@ def test_scaling_never_recomputes_and_never_hangs(sc: Scenario) -> None:
     dag = {keys[i]: [keys[d] for d in ds] for i, ds in enumerate(sc.deps)}
     cluster.sim.submit(dag)
     cluster.pump()
+    s = cluster.sim.s
     for step in range(200):
+        pin = sc.pins.get(step)
+        joined = [
+            a
+            for a in cluster.by_name.values()
+            if a in s.workers and s.workers[a].status != "retiring"  # one may not pin those
+        ]
+        if pin == -1:
+            for pin_id in list(s.pins):
+                s.release_pin(pin_id, f"unpin-{step}")
+        elif pin is not None and joined:
+            s.add_pin([joined[pin % len(joined)]], "state", "client:c", None, f"pin-{step}")
         todo = sc.scales.get(step)
         if isinstance(todo, int):
             reply = cluster.request(todo)
@@ -150,7 +167,6 @@ def test_scaling_never_recomputes_and_never_hangs(sc: Scenario) -> None:
         cluster.step(*cluster.rng.choice(actions))
     cluster.request(2)  # whatever the last decision was, there is work to finish
     cluster.quiesce()
-    s = cluster.sim.s
     assert all(s.tasks[k].state == "memory" for k in keys), cluster.sim.states()
     assert all(n == 1 for n in cluster.runs.values()), cluster.runs  # nothing recomputed
     assert set(cluster.runs) == set(keys)

@@ -54,6 +54,18 @@ def test_adapt_from_zero_under_load_and_back_to_the_minimum(tmp_path):
         assert sorted(runs(path)) == list(range(16))  # nothing ran twice
         assert adaptive.running
         assert adaptive.last is not None and adaptive.last.action in ("same", "wait")
+        # Every decision that did something, with its reason and numbers.
+        events = client.get_events("adaptive")
+        assert all(isinstance(when, float) and when > 1e9 for when, _ in events)  # wall clock
+        decisions = [e for _, e in events]
+        ups = [e for e in decisions if e["action"] == "up"]
+        downs = [e for e in decisions if e["action"] == "down"]
+        assert ups and downs
+        assert sum(e["start"] for e in ups) >= 3  # the minimum, then two more under load
+        assert any("tasks" in e["reason"] and e["tasks"] > 0 for e in ups)
+        assert sum(len(e["closing"]) + len(e["stop"]) for e in downs) == 2
+        assert all("lower 2 times in a row" in e["reason"] for e in downs)
+        assert all(e["maximum"] == 3 and e["minimum"] == 1 for e in decisions)
     assert not adaptive.running  # stopped with the cluster
 
 

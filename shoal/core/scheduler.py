@@ -26,6 +26,7 @@ from shoal.core.membership import (
 from shoal.core.pins import Pins
 from shoal.core.placement import Placement
 from shoal.core.progress import Progress
+from shoal.core.scaling import Scaling
 from shoal.core.scheduler_model import (
     SMALL,
     TASK_STATES,
@@ -74,6 +75,7 @@ class SchedulerState(
     Progress,
     Pins,
     Events,
+    Scaling,
     ShuffleCoordinator,
 ):
     def __init__(
@@ -100,6 +102,7 @@ class SchedulerState(
         self._init_progress()
         self._init_events()
         self._init_pins()
+        self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
@@ -445,6 +448,7 @@ class SchedulerState(
         m.PinWorkers: Pins._pin_workers,
         m.ReleasePin: Pins._pin_change,
         m.RenewPin: Pins._pin_change,
+        m.ScaleRequest: Scaling._scale_request,
     }
 
     # ------------------------------------------------------------------ events: workers

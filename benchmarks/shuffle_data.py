@@ -26,10 +26,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-NAMES = (
-    "Alice Bob Charlie Dan Edith Frank George Hannah Ingrid Jerry Kevin Laura Michael "
-    "Norbert Oliver Patricia Quinn Ray Sarah Tim Ursula Victor Wendy Xavier Yvonne Zelda"
-).split()
+NAMES = [
+    "Alice",
+    "Bob",
+    "Charlie",
+    "Dan",
+    "Edith",
+    "Frank",
+    "George",
+    "Hannah",
+    "Ingrid",
+    "Jerry",
+    "Kevin",
+    "Laura",
+    "Michael",
+    "Norbert",
+    "Oliver",
+    "Patricia",
+    "Quinn",
+    "Ray",
+    "Sarah",
+    "Tim",
+    "Ursula",
+    "Victor",
+    "Wendy",
+    "Xavier",
+    "Yvonne",
+    "Zelda",
+]
 START = np.datetime64("2000-01-01T00:00:00", "s")
 ROWS_PER_PARTITION = 100_000
 MIN_PARTITIONS = 4  # fewer input partitions than this and dask may broadcast the merge

@@ -166,9 +166,12 @@ class Reference:
     keys_nbytes: int
 
 
-def reference(rows: int, seed: int, pandas_check: bool = False) -> Reference:
+def reference(
+    rows: int, seed: int, pandas_check: bool = False, per_partition: int = ROWS_PER_PARTITION
+) -> Reference:
     """The expected summaries, one events partition at a time (the keys frame is a
-    tenth of the events). With ``pandas_check`` (small sizes) the whole frames are
+    tenth of the events; the seed is per partition, so ``per_partition`` must be that of
+    ``frames``). With ``pandas_check`` (small sizes) the whole frames are
     also built, shuffled and merged with pandas, and both answers must agree."""
     keys = n_keys(rows)
     key_parts = [make_keys(p, seed) for p in bounds(keys)]
@@ -176,7 +179,7 @@ def reference(rows: int, seed: int, pandas_check: bool = False) -> Reference:
     seen = np.zeros(keys, dtype=bool)
     n = id_sum = x_bits = z_bits = nbytes = 0
     events = []
-    for part in bounds(rows):
+    for part in bounds(rows, per_partition):
         df = make_events(part, keys, seed)
         ids = df["id"].to_numpy()
         seen[ids] = True
@@ -206,7 +209,9 @@ def _check_with_pandas(ref: Reference, events: pd.DataFrame, keys: pd.DataFrame)
             raise AssertionError(f"pandas and the streamed reference differ ({what}): {wrong}")
 
 
-def frames(rows: int, seed: int, tag: str) -> tuple[Any, Any]:
+def frames(
+    rows: int, seed: int, tag: str, per_partition: int = ROWS_PER_PARTITION
+) -> tuple[Any, Any]:
     """The events and keys frames as dask collections made in the workers."""
     import dask.dataframe as dd
 
@@ -214,7 +219,7 @@ def frames(rows: int, seed: int, tag: str) -> tuple[Any, Any]:
     meta_events = make_events((0, 0, 0), keys, seed)
     events = dd.from_map(
         make_events,
-        bounds(rows),
+        bounds(rows, per_partition),
         keys=keys,
         seed=seed,
         tag=tag,

@@ -1,6 +1,6 @@
 """P2P merges with idle gaps on an aggressively adaptive cluster: shoal vs Dask.
 
-    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 4000000]
+    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 1000000]
         [--gaps 1,5,0.5,3] [--systems shoal,dask] [--out benchmarks/RESULTS-adaptive-shuffle.md]
 
 Each system gets a ``LocalCluster(n_workers=0, processes=True, threads_per_worker=1)``
@@ -366,7 +366,7 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="P2P merges on an adaptive cluster: shoal vs Dask")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of merges and gaps")
-    p.add_argument("--rows", type=int, default=4_000_000, help="events rows per merge")
+    p.add_argument("--rows", type=int, default=1_000_000, help="events rows per merge")
     p.add_argument("--gaps", default="1,5,0.5,3", help="idle seconds between merges, cycled")
     p.add_argument("--systems", default="shoal,dask")
     p.add_argument("--settle-timeout", type=float, default=60.0, help="wait for 1 worker (s)")

@@ -6,6 +6,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 
 from shoal.client.client import Client
 from shoal.client.futures import CancelledError, Future, as_completed, wait
+from shoal.client.pins import Pin
 from shoal.client.progress import progress
 from shoal.client.worker_client import get_client, rejoin, secede, worker_client
 from shoal.comm.security import Security
@@ -21,6 +22,7 @@ __all__ = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Pin",
     "Security",
     "SerializationError",
     "TaskInterrupted",

@@ -8,6 +8,7 @@ EXPECTED = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Pin",
     "Security",
     "SerializationError",
     "TaskInterrupted",

@@ -27,6 +27,7 @@ from shoal.client.cluster_info import ClusterInfo
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
+from shoal.client.pins import PinsMixin
 from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
@@ -47,11 +48,14 @@ from shoal.protocol.serialize import (
 )
 
 logger = logging.getLogger("shoal.client")
-_LATE_REPLIES = (m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply)
+_LATE_REPLIES = (
+    *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
+    *(m.PinReply, m.EventsReply),
+)
 T = TypeVar("T")
 
 
-class Client(ClusterInfo):
+class Client(ClusterInfo, PinsMixin):
     """Connect to a scheduler (an address, a cluster object, or a new ``LocalCluster``
     when none is given) and submit work to it.
 

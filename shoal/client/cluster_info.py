@@ -172,6 +172,10 @@ class ClusterInfo:
                         "pid": w.pid,
                         "status": w.status,
                         "memory": w.memory,
+                        "pins": [
+                            {"id": p.id, "reason": p.reason, "owner": p.owner, "expires": p.expires}
+                            for p in w.pins
+                        ],
                     }
                     for w in r.workers
                 },
@@ -181,18 +185,22 @@ class ClusterInfo:
 
         return info() if self.asynchronous else self._sync(info())
 
-    def retire_workers(self, workers: list[str], close_workers: bool = True) -> Any:
+    def retire_workers(
+        self, workers: list[str], close_workers: bool = True, ignore_pins: bool = False
+    ) -> Any:
         """Retire ``workers`` (addresses or names) gracefully: what only they hold is
         copied to other workers first, and what they run finishes; nothing counts as a
         failure. Returns ``{"retired": [addresses], "refused": {worker: why}}``; a
-        worker is refused, and keeps working, when no other worker can take its data."""
+        worker is refused, and keeps working, when no other worker can take its data,
+        or when a pin holds it (the pin's reason and owner say which), unless
+        ``ignore_pins`` (then it leaves its pins)."""
 
         async def retire() -> dict[str, Any]:
             conn = self._conn
             if conn is None or conn.closed:
                 raise RuntimeError("the client is closed")
             reply, _ = await conn.request(
-                lambda rid: m.RetireWorkers(rid, list(workers), close_workers)
+                lambda rid: m.RetireWorkers(rid, list(workers), close_workers, ignore_pins)
             )
             assert isinstance(reply, m.RetireReply)
             return {"retired": list(reply.retired), "refused": dict(reply.refused)}

@@ -53,6 +53,8 @@ _REPLIES = (
     m.HeartbeatReply,
     m.RetireReply,
     m.GroupsReply,
+    m.PinReply,
+    m.EventsReply,
 )
 
 

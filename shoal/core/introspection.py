@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler_model import Counters, TaskGroup, TaskPrefix, TaskState, WorkerRecord
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
+
+if TYPE_CHECKING:
+    from shoal.core.pins import PinRecord
 
 
 def counts_of(c: Counters) -> m.PrefixCounts:
@@ -42,6 +45,10 @@ class Introspection:
     total_nbytes: int
     log: StoryLog
 
+    if TYPE_CHECKING:
+
+        def pins_of(self, address: str) -> list[PinRecord]: ...
+
     def who_has(self, keys: Iterable[Key]) -> list[tuple[Key, list[str]]]:
         out = []
         for key in keys:
@@ -67,6 +74,9 @@ class Introspection:
                 ws.pid,
                 ws.status,
                 ws.memory,
+                [m.PinInfo(p.id, p.reason, p.owner, p.expires) for p in self.pins_of(ws.address)]
+                if ws.pins
+                else [],
             )
             for ws in itertools.islice(self.workers.values(), max(0, start), stop)
         ]

@@ -86,6 +86,8 @@ class Membership:
         def _transition(self, ts: TaskState, finish: str, stimulus_id: str) -> Recs: ...
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
+        def _unpin_worker(self, ws: WorkerRecord, stimulus_id: str, why: str) -> None: ...
+        def pinned_why(self, ws: WorkerRecord) -> str: ...
 
     def _init_membership(self, allowed_failures: int, worker_ttl: float) -> None:
         self.allowed_failures = allowed_failures
@@ -148,6 +150,8 @@ class Membership:
         if address in self.runnable:
             self._unindex_worker(ws)
         self.log.append(("worker-removed", address, reason or "", stimulus_id))
+        if ws.pins:
+            self._unpin_worker(ws, stimulus_id, reason or "removed")
         retirement = self.retiring.pop(address, None)
         if retirement is not None:
             self._retirement_over(retirement, address, None if expected else reason or "it died")
@@ -263,6 +267,8 @@ class Membership:
                 req.refused[name] = "no such worker"
             elif ws.address in self.retiring:
                 req.refused[name] = "already retiring"
+            elif ws.pins and not msg.ignore_pins:
+                req.refused[name] = self.pinned_why(ws)
             else:
                 chosen[ws.address] = ws
         stay = [ws for ws in self.runnable.values() if ws.address not in chosen]
@@ -280,6 +286,8 @@ class Membership:
                 chosen = {}
         for address, ws in chosen.items():
             self.log.append(("worker-retiring", address, sid))
+            if ws.pins:  # retired although pinned (ignore_pins): it leaves its pins now
+                self._unpin_worker(ws, sid, "retired ignoring pins")
             if ws.status != "paused":
                 self._unindex_worker(ws)
             ws.status = "retiring"

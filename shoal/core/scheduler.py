@@ -16,12 +16,14 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.events import Events
 from shoal.core.introspection import Introspection
 from shoal.core.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_WORKER_TTL,
     Membership,
 )
+from shoal.core.pins import Pins
 from shoal.core.placement import Placement
 from shoal.core.progress import Progress
 from shoal.core.scheduler_model import (
@@ -63,7 +65,7 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress):
+class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress, Pins, Events):
     def __init__(
         self,
         comm: Comm,
@@ -86,6 +88,8 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         self._init_placement()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
+        self._init_events()
+        self._init_pins()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -182,6 +186,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
             cs.partial = None
             self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
         self._close_watches(cs)
+        self.release_pins_of(f"client:{client_id}", stimulus_id, "its client left")
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -422,6 +427,9 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,
+        m.PinWorkers: Pins._pin_workers,
+        m.ReleasePin: Pins._pin_change,
+        m.RenewPin: Pins._pin_change,
     }
 
     # ------------------------------------------------------------------ events: workers

@@ -135,6 +135,7 @@ class WorkerRecord:
         "memory",
         "spilled",
         "last_seen",
+        "pins",
     )
 
     def __init__(
@@ -178,6 +179,7 @@ class WorkerRecord:
         self.memory = 0  # process memory and spilled bytes at the last heartbeat
         self.spilled = 0
         self.last_seen = now  # when it last sent anything (the server's clock)
+        self.pins: set[int] = set()  # ids of the pins holding it (core/pins.py)
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"

@@ -190,6 +190,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     for resource, holders in state.by_resource.items():
         check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")
     _check_watches(state, check)
+    _check_pins(state, check)
     workers = state.workers.values()
     check(state.total_nbytes == sum(ws.nbytes for ws in workers), "total nbytes")
     check(state.total_threads == sum(ws.nthreads for ws in workers), "total threads")
@@ -211,3 +212,32 @@ def _check_watches(state: SchedulerState, check: Callable[..., None]) -> None:
             done = sum(c[1] + c[2] for c in watch.counts.values()) + watch.forgotten
             total = sum(c[0] for c in watch.counts.values())
             check(done + watch.left == total, f"{what}: counts {watch.counts}")
+
+
+def _check_pins(state: SchedulerState, check: Callable[..., None]) -> None:
+    """Pins and the workers' lists of them agree; no pin holds a gone worker, holds
+    none, or outlives its owner."""
+    owned: dict[str, set[int]] = {}
+    for pin_id, pin in state.pins.items():
+        what = f"pin {pin_id} {pin.workers} of {pin.owner}"
+        check(pin.id == pin_id and bool(pin.workers), f"{what}: no workers, or misfiled")
+        check(len(set(pin.workers)) == len(pin.workers), f"{what}: a worker twice")
+        for address in pin.workers:
+            ws = state.workers.get(address)
+            check(ws is not None, f"{what}: holds a gone worker {address}")
+            assert ws is not None
+            check(pin_id in ws.pins, f"{what}: {address} does not list it")
+        kind, _, ident = pin.owner.partition(":")
+        alive = state.pin_owner_kinds.get(kind)
+        check(alive is None or alive(ident), f"{what}: outlived its owner")
+        check((pin.lease is None) == (pin.expires is None), f"{what}: lease and expiry")
+        if pin.expires is not None:
+            check(pin.expires >= state._next_pin_expiry, f"{what}: expiry not tracked")
+        owned.setdefault(pin.owner, set()).add(pin_id)
+    check(owned == state._pins_by_owner, "pins by owner")
+    for ws in state.workers.values():
+        for pin_id in ws.pins:
+            held = state.pins.get(pin_id)
+            check(held is not None, f"{ws.address} lists pin {pin_id}, which is gone")
+            assert held is not None
+            check(ws.address in held.workers, f"{ws.address} lists pin {pin_id}, not holding it")

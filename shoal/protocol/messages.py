@@ -28,7 +28,9 @@ import msgspec
 #    keys are never NaN, nor hold None or bools (as Dask); results carry their run_id.
 # 8: payload kind BYTES (a large bytes value as one out-of-band buffer); out-of-band
 #    buffers are no longer bounded by the frame limit.
-PROTOCOL_VERSION = 8
+# 9: elastic clusters: pins and the event log (PinWorkers, EventsRequest, ...,
+#    RetireWorkers.ignore_pins, WorkerInfo.pins).
+PROTOCOL_VERSION = 9
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -296,6 +298,7 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     pid: int = 0
     status: str = "running"  # "running" | "paused" | "retiring"
     memory: int = 0  # process memory at the last heartbeat
+    pins: list[PinInfo] = []  # the pins holding it
 
 
 class InfoReply(Message):
@@ -583,11 +586,13 @@ class KeyUnserializable(Message):
 
 
 class RetireWorkers(Message):
-    """Client -> scheduler: retire these workers (addresses or names) gracefully."""
+    """Client -> scheduler: retire these workers (addresses or names) gracefully.
+    A pinned worker is refused unless ``ignore_pins`` (then it leaves its pins)."""
 
     request_id: int
     workers: list[str]
     close: bool = True
+    ignore_pins: bool = False
 
 
 class RetireReply(Message):
@@ -609,6 +614,67 @@ class CloseWorker(Message):
 
     reason: str
     stimulus_id: str = ""
+
+
+# --- pins and the event log (issue 12) ----------------------------------------------
+
+
+class PinInfo(msgspec.Struct, array_like=True, gc=False):
+    """One pin on a worker, as ``scheduler_info`` shows it."""
+
+    id: int
+    reason: str
+    owner: str  # "client:<id>", "shuffle:<id>", ...
+    expires: float | None = None  # wall-clock time; None: held until released
+
+
+class PinWorkers(Message):
+    """Client -> scheduler: pin these workers (addresses or names) for this client;
+    with ``lease`` seconds, the pin expires unless renewed. Answered by PinReply."""
+
+    request_id: int
+    workers: list[str]
+    reason: str
+    lease: float | None = None
+    stimulus_id: str = ""
+
+
+class ReleasePin(Message):
+    """Client -> scheduler: release one of this client's pins (PinReply, ``done`` False
+    if it was gone already)."""
+
+    request_id: int
+    pin_id: int
+    stimulus_id: str = ""
+
+
+class RenewPin(Message):
+    """Client -> scheduler: restart the lease of one of this client's pins."""
+
+    request_id: int
+    pin_id: int
+    stimulus_id: str = ""
+
+
+class PinReply(Message):
+    request_id: int
+    pin_id: int = 0
+    workers: list[str] = []  # addresses
+    expires: float | None = None
+    done: bool = True  # False: the pin was gone already
+    error: str = ""  # the request was refused: why (an unknown worker, a bad lease)
+
+
+class EventsRequest(Message):
+    """Client -> scheduler: the structured events of ``topic``, or of every topic."""
+
+    request_id: int
+    topic: str | None = None
+
+
+class EventsReply(Message):
+    request_id: int
+    events: dict[str, list[tuple[float, dict[str, Any]]]]  # topic -> (timestamp, data)
 
 
 AnyMessage = (
@@ -657,6 +723,12 @@ AnyMessage = (
     | WatchProgress
     | StopProgress
     | ProgressCounts
+    | PinWorkers
+    | ReleasePin
+    | RenewPin
+    | PinReply
+    | EventsRequest
+    | EventsReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -36,6 +36,9 @@ def client_heartbeat_interval(n_clients: int) -> float:
     return max(2.0, n_clients / 10)
 
 
+# Answered by the server from the core's records, between the batches of the core.
+_QUERIES = (m.WhoHasRequest, m.InfoRequest, m.GroupsRequest, m.Heartbeat, m.EventsRequest)
+
 PROGRESS_INTERVAL = 0.2  # seconds between two counts of one progress watch, at most
 
 
@@ -187,6 +190,7 @@ class Scheduler:
                 msgs = self._worker_heartbeats(address, conn, msgs)
                 if not msgs:  # the usual idle frame: nothing for the core to apply
                     return
+            self.state.tick(time.time())
             try:
                 self.state.handle_worker(address, *msgs)
             except TypeError as e:
@@ -195,6 +199,7 @@ class Scheduler:
         def on_close(conn: Connection, exc: BaseException | None) -> None:
             if self._workers.get(address) is conn:
                 del self._workers[address]
+                self.state.tick(time.time())
                 self.state.remove_worker(address, self._sid("worker-closed"))
                 logger.info("worker %s left: %s", address, conn.close_reason)
 
@@ -225,7 +230,7 @@ class Scheduler:
         def on_frame(conn: Connection, frame: Frame) -> None:
             batch: list[m.Message] = []
             for msg in frame.messages:
-                if isinstance(msg, m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat):
+                if isinstance(msg, _QUERIES):
                     if batch:
                         self._client_batch(client_id, batch)
                         batch = []
@@ -238,19 +243,22 @@ class Scheduler:
         def on_close(conn: Connection, exc: BaseException | None) -> None:
             self._subscribers.pop(client_id, None)
             if self._clients.pop(client_id, None) is not None:
+                self.state.tick(time.time())
                 self.state.remove_client(client_id, self._sid("client-closed"))
 
         conn.on_close = on_close
         conn.set_handler(on_frame)
 
     def _client_batch(self, client_id: str, batch: list[m.Message]) -> None:
+        self.state.tick(time.time())
         try:
             self.state.handle_client(client_id, *batch)
         except TypeError as e:
             raise ProtocolError(str(e)) from None
 
     def _answer(
-        self, msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat
+        self,
+        msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat | m.EventsRequest,
     ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
             return m.HeartbeatReply(msg.request_id, client_heartbeat_interval(len(self._clients)))
@@ -258,6 +266,8 @@ class Scheduler:
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
+        if isinstance(msg, m.EventsRequest):
+            return m.EventsReply(msg.request_id, self.state.get_events(msg.topic))
         # Any page is answered (empty past the end, from 0 for a negative start), and
         # never sliced with numbers the slicing cannot take (a start of 2**62).
         n = len(self.state.workers)
@@ -345,6 +355,7 @@ class Scheduler:
         while True:
             ttl = self.state.worker_ttl_now()
             await asyncio.sleep(min(1.0, ttl / 4))
+            self.state.tick(time.time(), self._sid("tick"))  # leases expire when idle too
             for address in self.state.check_heartbeats(time.monotonic(), self._sid("ttl")):
                 conn = self._workers.pop(address, None)
                 if conn is not None:
@@ -367,6 +378,7 @@ class Scheduler:
                 if worker_conn is not None:
                     worker_conn.close()
                 sid = msg.stimulus_id or self._sid("worker-exited")
+                self.state.tick(time.time())
                 self.state.remove_worker(msg.address, sid, f"exited: {msg.reason}")
 
         conn.set_handler(on_frame)

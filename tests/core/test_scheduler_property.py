@@ -34,6 +34,8 @@ from shoal.protocol.messages import (
     KeyErred,
     KeyInMemory,
     MissingData,
+    PinReply,
+    PinWorkers,
     ProgressCounts,
     ReleaseCompute,
     TaskRestrictions,
@@ -422,3 +424,132 @@ def test_a_fixed_scenario_runs():
         + [("miss", 0), ("cancel", 3), ("add", 1), ("release", 1), ("fail", 5)],
     )
     Run(sc).run()
+
+
+# --- pins ------------------------------------------------------------------------------
+# Pins come and go with everything else: made by the two clients, by clients that leave
+# and come back, and by "shuffles" that end; released, renewed, expired by ticks of the
+# wall clock; dropped with workers that die. A model of every pin (its workers, owner
+# and expiry), updated only from the events, must equal the scheduler's pins after each
+# step: no pin outlives its owner, its lease or all of its workers.
+
+PIN_CLIENTS = ("p1", "p2")
+PIN_STEPS = (*STEPS, "pin", "pin", "pin", "unpin", "renew", "tick", "tick", "leave", "join")
+PIN_STEPS += ("end", "remove")
+
+
+@dataclass
+class PinModel:
+    workers: set[str]
+    owner: str
+    lease: float | None
+    expires: float | None
+
+
+class PinRun(Run):
+    def __init__(self, sc: Scenario):
+        self.pin_models: dict[int, PinModel] = {}
+        self.shuffles = {0, 1}  # alive
+        self.next_shuffle = 2
+        self.known_clients: set[str] = set()
+        self.known_workers: set[str] = set()
+        self.now = 1_000.0
+        super().__init__(sc)
+        s = self.sim.s
+        s.pin_owner_kinds["shuffle"] = lambda ident: int(ident) in self.shuffles
+        s.tick(self.now)
+        for c in PIN_CLIENTS:
+            s.add_client(c)
+        self.known_clients = set(s.clients)
+
+    def owners(self) -> list[str]:
+        clients = [f"client:{c}" for c in sorted(self.sim.s.clients)]
+        return clients + [f"shuffle:{i}" for i in sorted(self.shuffles)]
+
+    def step(self, kind: str, r: int) -> None:
+        s = self.sim.s
+        pins = sorted(self.pin_models)
+        if kind == "pin" and self.models:
+            owners = self.owners()
+            owner = owners[r % len(owners)]
+            live = sorted(self.models)
+            workers = {live[r % len(live)], live[(r // 7) % len(live)]}
+            lease = [None, 1.0, 2.5][r % 3]
+            if owner.startswith("client:") and r % 2:  # as the client's request
+                s.handle_client(owner[7:], PinWorkers(r, sorted(workers), "why", lease, "pin"))
+                [reply] = [m for m in self.sim.to_client(owner[7:]) if isinstance(m, PinReply)]
+                pin_id = reply.pin_id
+            else:
+                pin_id = s.add_pin(sorted(workers), "why", owner, lease, "pin").id
+            expires = None if lease is None else self.now + lease
+            self.pin_models[pin_id] = PinModel(workers, owner, lease, expires)
+        elif kind == "unpin" and pins:
+            pin_id = pins[r % len(pins)]
+            assert s.release_pin(pin_id, "unpin") is True
+            del self.pin_models[pin_id]
+            assert s.release_pin(pin_id, "unpin") is False
+        elif kind == "renew" and pins:
+            pin = self.pin_models[pins[r % len(pins)]]
+            assert s.renew_pin(pins[r % len(pins)], "renew") is True
+            if pin.lease is not None:
+                pin.expires = self.now + pin.lease
+        elif kind == "tick":
+            self.now += r % 3
+            s.tick(self.now)
+            for pin_id, pin in list(self.pin_models.items()):
+                if pin.expires is not None and pin.expires <= self.now:
+                    del self.pin_models[pin_id]
+        elif kind == "leave":
+            present = [c for c in PIN_CLIENTS if c in s.clients]
+            if present:
+                s.remove_client(present[r % len(present)], "leave")
+        elif kind == "join":
+            for c in PIN_CLIENTS:
+                s.add_client(c)
+        elif kind == "end" and self.shuffles:
+            ended = sorted(self.shuffles)[r % len(self.shuffles)]
+            s.release_pins_of(f"shuffle:{ended}", "end", "shuffle finished")
+            self.shuffles.discard(ended)
+            self.shuffles.add(self.next_shuffle)
+            self.next_shuffle += 1
+            self.drop_owner(f"shuffle:{ended}")
+        else:
+            super().step(kind, r)
+            return  # synced
+        self.sync()
+
+    def drop_owner(self, owner: str) -> None:
+        for pin_id, pin in list(self.pin_models.items()):
+            if pin.owner == owner:
+                del self.pin_models[pin_id]
+
+    def sync(self) -> None:
+        super().sync()
+        s = self.sim.s
+        for address in self.known_workers - set(self.models):  # workers that died
+            for pin_id, pin in list(self.pin_models.items()):
+                pin.workers.discard(address)
+                if not pin.workers:
+                    del self.pin_models[pin_id]
+        self.known_workers = set(self.models)
+        for c in self.known_clients - set(s.clients):  # clients that left
+            self.drop_owner(f"client:{c}")
+        self.known_clients = set(s.clients)
+        for c in PIN_CLIENTS:
+            self.sim.to_client(c)
+        got = {
+            pin_id: (set(p.workers), p.owner, p.lease, p.expires) for pin_id, p in s.pins.items()
+        }
+        want = {
+            pin_id: (p.workers, p.owner, p.lease, p.expires)
+            for pin_id, p in self.pin_models.items()
+        }
+        assert got == want
+        pinned = {a for p in self.pin_models.values() for a in p.workers}
+        assert {a for a in s.workers if s.is_pinned(a)} == pinned
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(PIN_STEPS))
+def test_random_events_with_pins(sc: Scenario):
+    PinRun(sc).run()

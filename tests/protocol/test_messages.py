@@ -92,6 +92,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 nbytes=1024,
                 tasks_run=99,
                 resources={"GPU": 2.0},
+                pins=[m.PinInfo(3, "shuffle", "client:client-1-x", expires=1.7e9)],
             )
         ],
         tasks=12,
@@ -163,7 +164,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
     ),
     m.RetireWorkers: m.RetireWorkers(
-        request_id=13, workers=["0", "tcp://127.0.0.1:4001"], close=False
+        request_id=13, workers=["0", "tcp://127.0.0.1:4001"], close=False, ignore_pins=True
     ),
     m.RetireReply: m.RetireReply(
         request_id=13, retired=["tcp://127.0.0.1:4001"], refused={"0": "no other worker"}
@@ -199,6 +200,28 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         prefixes=[m.PrefixProgress("inc", total=10, memory=7, erred=1)],
         forgotten=1,
         finished=True,
+    ),
+    m.PinWorkers: m.PinWorkers(
+        request_id=20,
+        workers=["tcp://127.0.0.1:4001", "w-1"],
+        reason="state",
+        lease=2.5,
+        stimulus_id="pin-20",
+    ),
+    m.ReleasePin: m.ReleasePin(request_id=21, pin_id=4, stimulus_id="unpin-4"),
+    m.RenewPin: m.RenewPin(request_id=22, pin_id=4, stimulus_id="renew-4"),
+    m.PinReply: m.PinReply(
+        request_id=20,
+        pin_id=4,
+        workers=["tcp://127.0.0.1:4001"],
+        expires=1.7e9,
+        done=False,
+        error="cannot pin 'x': no such worker",
+    ),
+    m.EventsRequest: m.EventsRequest(request_id=23, topic="pins"),
+    m.EventsReply: m.EventsReply(
+        request_id=23,
+        events={"pins": [(1.7e9, {"action": "pin", "pin": 4, "workers": ["tcp://w:1"]})]},
     ),
 }
 

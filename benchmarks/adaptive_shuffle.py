@@ -1,7 +1,8 @@
 """P2P merges with idle gaps on an aggressively adaptive cluster: shoal vs Dask.
 
-    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 1000000]
-        [--gaps 1,5,0.5,3] [--systems shoal,dask] [--out benchmarks/RESULTS-adaptive-shuffle.md]
+    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 4000000]
+        [--partition-rows 100000] [--gaps 1,5,0.5,3] [--systems shoal,dask]
+        [--out benchmarks/RESULTS-adaptive-shuffle.md]
 
 Each system gets a ``LocalCluster(n_workers=0, processes=True, threads_per_worker=1)``
 (Dask: ``dashboard_address=None``; both with a nanny per worker) and
@@ -12,9 +13,9 @@ the client's process; shoal's scheduler is a process of its own.
 
 Once the cluster has its first worker, merges run one after the other for
 ``--duration`` seconds, separated by idle gaps (``--gaps``, cycled): each is an inner
-merge on ``id`` of an events frame of ``--rows`` rows (25,000 rows per partition) with
-its keys frame, both made in the workers from a seed (``benchmarks/shuffle_data.py``),
-with P2P (Dask ``shuffle_method="p2p"``; shoal its default), reduced on the cluster to one
+merge on ``id`` of an events frame of ``--rows`` rows (``--partition-rows`` per
+partition) with its keys frame, both made in the workers from a seed
+(``benchmarks/shuffle_data.py``), with P2P (Dask ``shuffle_method="p2p"``; shoal its default), reduced on the cluster to one
 row per partition and compared with the same merge done by pandas in the client (four
 seeds, cycled). A merge that raises counts as failed. Restarted shuffles: Dask, the
 "Shuffle ... restarted" warnings in its scheduler log (``get_scheduler_logs``) and its
@@ -60,7 +61,6 @@ from benchmarks.transfer import log  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-adaptive-shuffle.md"
 ADAPT = dict(minimum=1, maximum=4, target_duration="1s", interval="0.2s", wait_count=1)
-ROWS_PER_PARTITION = 25_000
 SEEDS = 4
 BAR_WORKERS, BAR_BACK_S = 3, 10.0
 
@@ -73,6 +73,7 @@ class NotAvailable(RuntimeError):
 class Outcome:
     system: str
     merges: list[tuple[float, str]] = field(default_factory=list)  # (seconds, "ok"/why)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # each merge (monotonic)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, workers)
     work_start: float = 0.0
     work_end: float = 0.0
@@ -99,6 +100,21 @@ class Outcome:
             if t >= self.work_end and n <= 1:
                 return t - self.work_end
         return None
+
+    def timeline(self) -> str:
+        """The largest worker count sampled in each second from the start of the work,
+        one digit per second."""
+        counts: dict[int, int] = {}
+        for t, w in self.samples:
+            if t >= self.work_start:
+                i = int(t - self.work_start)
+                counts[i] = max(counts.get(i, 0), w)
+        return "".join(str(counts.get(i, "?")) for i in range(max(counts, default=-1) + 1))
+
+    def merge_spans(self) -> str:
+        return ", ".join(
+            f"{a - self.work_start:.0f}–{b - self.work_start:.0f}" for a, b in self.spans
+        )
 
     def changes(self) -> tuple[int, int]:
         ups = downs = 0
@@ -229,7 +245,9 @@ def run_system(name: str, refs: dict[int, sd.Summary], args: Any) -> Outcome:
         i = 0
         while True:
             seed = i % SEEDS
+            began = time.monotonic()
             out.merges.append(merge_once(system, thread, seed, refs[seed], args))
+            out.spans.append((began, time.monotonic()))
             log(
                 f"   {name} merge {i + 1}: {out.merges[-1][0]:.2f} s {out.merges[-1][1][:200]}"
                 f" (workers {sampler.latest()})"
@@ -262,7 +280,7 @@ def merge_once(system: Any, thread: CallThread, seed: int, want: sd.Summary, arg
     tag = uuid.uuid4().hex[:8]
 
     def go() -> sd.Summary:
-        events, keys = sd.frames(args.rows, seed, tag, ROWS_PER_PARTITION)
+        events, keys = sd.frames(args.rows, seed, tag, args.partition_rows)
         collection = sd.merge_summary(events, keys, system.method)
         return sd.Summary.of(system.client.compute(collection).result())
 
@@ -339,6 +357,10 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
             (f"back to 1 worker within {BAR_BACK_S:g} s", back is not None and back <= BAR_BACK_S),
         ]
         bars += [[o.system, what, "yes" if met else "**no**"] for what, met in checks]
+        notes.append(
+            f"- {o.system}: workers per second (the largest count sampled in each second "
+            f"from the start of the work): `{o.timeline()}`; merges (s): {o.merge_spans()}"
+        )
         for seconds, result in o.merges:
             if result != "ok":
                 notes.append(f"- {o.system}: a merge ({seconds:.1f} s): {result[:500]}")
@@ -353,7 +375,7 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
         "",
         *machine_lines(command, settings),
         "",
-        (__doc__ or "").split("\n\n", 1)[1].strip(),
+        (__doc__ or "").split("\n\n", 2)[2].strip(),
         "",
         *tables,
         "",
@@ -364,7 +386,8 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="P2P merges on an adaptive cluster: shoal vs Dask")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of merges and gaps")
-    p.add_argument("--rows", type=int, default=1_000_000, help="events rows per merge")
+    p.add_argument("--rows", type=int, default=4_000_000, help="events rows per merge")
+    p.add_argument("--partition-rows", type=int, default=sd.ROWS_PER_PARTITION)
     p.add_argument("--gaps", default="1,5,0.5,3", help="idle seconds between merges, cycled")
     p.add_argument("--systems", default="shoal,dask")
     p.add_argument("--settle-timeout", type=float, default=60.0, help="wait for 1 worker (s)")
@@ -392,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "benchmarks/adaptive_shuffle.py", *(argv or sys.argv[1:])])
     log(f"== pandas references: {SEEDS} merges of {args.rows:,} rows")
     refs = {
-        s: sd.reference(args.rows, s, pandas_check=True, per_partition=ROWS_PER_PARTITION).merge
+        s: sd.reference(args.rows, s, pandas_check=True, per_partition=args.partition_rows).merge
         for s in range(SEEDS)
     }
     load0, t0 = load_average(), time.monotonic()

@@ -309,7 +309,7 @@ def render(
         f"- data: events {ref.shuffle.rows:,} rows, {ref.nbytes / MB:,.0f} MB in memory; keys "
         f"{sd.n_keys(ref.shuffle.rows):,} rows, {ref.keys_nbytes / MB:,.0f} MB",
         "",
-        (__doc__ or "").split("\n\n", 1)[1].strip(),
+        (__doc__ or "").split("\n\n", 2)[2].strip(),
         "",
         *tables,
         "",

@@ -27,7 +27,9 @@ starts a fresh cluster per system (systems one after the other, in ``--systems``
 order), runs an untimed warm-up of both operations at 100,000 rows, then one timed run
 of each operation and of "frame only"; ``--runs`` rounds, figures are medians. Peak RSS:
 the kernel's high-water mark of each worker process (VmHWM, reset through
-``/proc/PID/clear_refs`` before each operation), the larger of the two workers.
+``/proc/PID/clear_refs`` before each operation), the larger of the two workers; "peak
+over RSS before": the same minus the worker's RSS just before the operation (what the
+operation itself added).
 Bytes spilled: Dask, the bytes its P2P buffers wrote to disk (the workers'
 ``digests_total`` "disk-write" counters; Dask's P2P writes every shard to disk by
 default); shoal P2P, the bytes spilled in its "p2p" finish events
@@ -55,7 +57,7 @@ from benchmarks import shuffle_data as sd  # noqa: E402
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, System  # noqa: E402
 from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
 from benchmarks.shuffle_events import p2p_totals  # noqa: E402
-from benchmarks.transfer import hwm, log, settle  # noqa: E402
+from benchmarks.transfer import hwm, log, rss, settle  # noqa: E402
 from benchmarks.transfer_tasks import getpid  # noqa: E402
 from benchmarks.workloads import _reset_peak_rss  # noqa: E402
 
@@ -77,6 +79,7 @@ MB = 1e6
 class Run:
     seconds: float
     peaks: list[int]  # per worker, bytes (VmHWM)
+    growth: list[int]  # per worker, bytes: the peak over the RSS just before the operation
     spilled: float | None  # bytes
     moved: float | None
 
@@ -99,6 +102,10 @@ class Cell:
     @property
     def peak(self) -> float | None:
         return self.median(lambda r: max(r.peaks))
+
+    @property
+    def growth(self) -> float | None:
+        return self.median(lambda r: max(r.growth))
 
     @property
     def spilled(self) -> float | None:
@@ -166,6 +173,7 @@ class Bench:
         before, events_before = self.counters(), self.p2p_events()
         for pid in self.pids:
             _reset_peak_rss(pid)
+        rss_before = [rss(pid) for pid in self.pids]
 
         def timed() -> tuple[float, Any]:
             t0 = time.perf_counter()
@@ -187,7 +195,8 @@ class Bench:
             if ours["finished"]:
                 moved, spilled = ours["moved"], ours["spilled"]
         self.check(op, rows, seed, sd.Summary.of(parts))
-        return Run(seconds, peaks, spilled, moved)
+        growth = [p - b for p, b in zip(peaks, rss_before, strict=True)]
+        return Run(seconds, peaks, growth, spilled, moved)
 
     def check(self, op: str, rows: int, seed: int, got: sd.Summary) -> None:
         ref = self.ref if rows == self.args.size else sd.reference(rows, seed)
@@ -267,6 +276,7 @@ def render(
     metrics = (
         ("wall s", lambda c: c.seconds, 2),
         ("peak RSS per worker MB", lambda c: None if c.peak is None else c.peak / MB, 0),
+        ("peak over RSS before MB", lambda c: None if c.growth is None else c.growth / MB, 0),
         ("spilled MB", lambda c: None if c.spilled is None else c.spilled / MB, 0),
     )
     for op in OPS:

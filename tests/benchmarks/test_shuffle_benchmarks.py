@@ -118,9 +118,10 @@ def test_p2p_shuffle_tiny(tmp_path):
     assert "load average" in report
     rows = table(report, "Results")
     # operation, metric, dask-p2p, shoal-p2p, shoal-tasks, two ratios
-    assert [(r[0], r[1]) for r in rows][:3] == [
+    assert [(r[0], r[1]) for r in rows][:4] == [
         ("shuffle", "wall s"),
         ("shuffle", "peak RSS per worker MB"),
+        ("shuffle", "peak over RSS before MB"),
         ("shuffle", "spilled MB"),
     ]
     for row in rows:

@@ -10,6 +10,7 @@ from shoal.client.pins import Pin
 from shoal.client.progress import progress
 from shoal.client.worker_client import get_client, rejoin, secede, worker_client
 from shoal.comm.security import Security
+from shoal.deploy.adaptive import Adaptive
 from shoal.deploy.local import LocalCluster
 from shoal.protocol.errors import KilledWorker, TaskInterrupted
 from shoal.protocol.serialize import SerializationError
@@ -17,6 +18,7 @@ from shoal.protocol.serialize import SerializationError
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adaptive",
     "CancelledError",
     "Client",
     "Future",

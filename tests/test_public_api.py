@@ -3,6 +3,7 @@
 import shoal
 
 EXPECTED = [
+    "Adaptive",
     "CancelledError",
     "Client",
     "Future",

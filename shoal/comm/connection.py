@@ -55,6 +55,7 @@ _REPLIES = (
     m.GroupsReply,
     m.PinReply,
     m.EventsReply,
+    m.ScaleReply,
 )
 
 

@@ -105,6 +105,10 @@ class Membership:
         self.total_threads = 0  # over the workers, kept as they come and go
         self.total_memory = 0
         self.total_nbytes = 0  # results held, over the workers
+        # Retirements that scale/adapt started (no client waits for them): a scale-up
+        # may cancel them while their worker is still there. Address -> the status
+        # ("running" or "paused") the worker goes back to then, as it last reported.
+        self.scaling_down: dict[str, str] = {}
 
     # ------------------------------------------------------------------ joining and leaving
 
@@ -152,6 +156,7 @@ class Membership:
         self.log.append(("worker-removed", address, reason or "", stimulus_id))
         if ws.pins:
             self._unpin_worker(ws, stimulus_id, reason or "removed")
+        self.scaling_down.pop(address, None)
         retirement = self.retiring.pop(address, None)
         if retirement is not None:
             self._retirement_over(retirement, address, None if expected else reason or "it died")
@@ -202,6 +207,8 @@ class Membership:
         self.log.append(("worker-status", ws.address, msg.status, msg.stimulus_id))
         self.version += 1
         if ws.status == "retiring":
+            if ws.address in self.scaling_down:
+                self.scaling_down[ws.address] = msg.status  # if its retirement is cancelled
             return  # stays out of placement until it is gone
         if msg.status == "paused" and ws.status == "running":
             ws.status = "paused"
@@ -382,6 +389,47 @@ class Membership:
                 to, when = entry
                 if to.address not in self.runnable or self._now - when > COPY_RETRY:
                     del self._copies[ts]
+
+    # ------------------------------------------------------------------ retirement for scaling
+
+    def retire_for_scaling(self, workers: Iterable[WorkerRecord], stimulus_id: str) -> None:
+        """Retire ``workers`` (chosen by ``workers_to_close``: they may go) as a
+        ``RetireWorkers`` would, with nobody to answer; until each is closed, a
+        scale-up may cancel its retirement (``cancel_retirement``)."""
+        req = Retirement("", 0, close=True)
+        for ws in workers:
+            if ws.address in self.retiring or self.workers.get(ws.address) is not ws:
+                continue
+            self.log.append(("worker-retiring", ws.address, stimulus_id))
+            self.scaling_down[ws.address] = "paused" if ws.status == "paused" else "running"
+            if ws.status == "running":
+                self._unindex_worker(ws)
+            ws.status = "retiring"
+            self.version += 1
+            self.retiring[ws.address] = req
+            req.pending.add(ws.address)
+        self._advance_retirements(stimulus_id)
+
+    def cancel_retirement(self, address: str, stimulus_id: str) -> bool:
+        """A scale-up wants the retiring worker ``address`` after all: if scaling
+        started its retirement and it is still there, it goes back to work (what was
+        already copied off stays as replicas). False if it cannot be cancelled."""
+        status = self.scaling_down.get(address)
+        ws = self.workers.get(address)
+        if status is None or ws is None or address in self.leaving:
+            return False
+        del self.scaling_down[address]
+        req = self.retiring.pop(address)
+        req.pending.discard(address)
+        for ts in ws.has_what:
+            self._copies.pop(ts, None)  # asked of others from here: no longer waited for
+        self.log.append(("worker-retirement-cancelled", address, stimulus_id))
+        ws.status = status
+        self.version += 1
+        if status == "running":
+            self._index_worker(ws)
+        self._done(stimulus_id)
+        return True
 
     def _retirement_over(self, req: Retirement, address: str, failure: str | None) -> None:
         req.pending.discard(address)

@@ -26,6 +26,7 @@ from shoal.core.membership import (
 from shoal.core.pins import Pins
 from shoal.core.placement import Placement
 from shoal.core.progress import Progress
+from shoal.core.scaling import Scaling
 from shoal.core.scheduler_model import (
     SMALL,
     TASK_STATES,
@@ -65,7 +66,9 @@ def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     return func  # type: ignore[return-value]
 
 
-class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progress, Pins, Events):
+class SchedulerState(
+    Placement, Membership, WorkerReports, Introspection, Progress, Pins, Events, Scaling
+):
     def __init__(
         self,
         comm: Comm,
@@ -90,6 +93,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         self._init_progress()
         self._init_events()
         self._init_pins()
+        self._init_scaling()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -430,6 +434,7 @@ class SchedulerState(Placement, Membership, WorkerReports, Introspection, Progre
         m.PinWorkers: Pins._pin_workers,
         m.ReleasePin: Pins._pin_change,
         m.RenewPin: Pins._pin_change,
+        m.ScaleRequest: Scaling._scale_request,
     }
 
     # ------------------------------------------------------------------ events: workers

@@ -6,6 +6,10 @@ nanny process that restarts it if it dies (``nanny=False``: none); ``processes=F
 runs them all on one background event loop in this process (tests, notebooks).
 Every listener binds to loopback unless told otherwise.
 
+``scale(n)`` and ``adapt(...)`` (see :mod:`shoal.deploy.elastic`) start workers under
+new names, or have the scheduler retire extra ones gracefully; a retired worker's
+process (and its nanny) exits, and is reaped here, never restarted.
+
 Every connection proves a cluster token, generated per cluster unless given
 (``token=False``: none); child processes get it through their environment, never
 their command line (which any user of the machine can read). ``cluster.security``
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -35,12 +40,13 @@ from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
 from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
+from shoal.deploy.elastic import ElasticCluster
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
 
-class LocalCluster:
+class LocalCluster(ElasticCluster):
     def __init__(
         self,
         n_workers: int | None = None,
@@ -96,10 +102,14 @@ class LocalCluster:
         self.scheduler_address = ""
         self.status = "starting"
         self._dir = tempfile.mkdtemp(prefix="shoal-cluster-", dir=local_directory)
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[subprocess.Popen[bytes]] = []  # the scheduler's first
         self._runner: LoopRunner | None = None
         self._scheduler: Any = None
-        self._workers: list[Any] = []
+        self._workers: list[Any] = []  # in process
+        self._by_name: dict[str, Any] = {}  # worker name -> its process (or Worker)
+        self._names = (str(i) for i in itertools.count())
+        self._control_loop: LoopRunner | None = None  # processes: scale/adapt's loop
+        self._init_elastic()
         _live.add(self)
         try:
             if processes:
@@ -157,21 +167,21 @@ class LocalCluster:
             time.sleep(0.01)
         with open(sched_file) as f:
             self.scheduler_address = json.load(f)["address"]
-        for i in range(self.n_workers):
-            self._spawn_worker(i)
+        for _ in range(self.n_workers):
+            self._spawn_worker(next(self._names))
         self.wait_for_workers(self.n_workers, max(1.0, deadline - time.monotonic()))
 
-    def _spawn_worker(self, i: int) -> None:
+    def _spawn_worker(self, name: str) -> None:
         fractions = zip(
             ("target", "spill", "pause", "terminate"), self.memory_fractions, strict=True
         )
-        self._spawn(
+        self._by_name[name] = self._spawn(
             "worker",
             self.scheduler_address,
             "--nthreads",
             str(self.threads_per_worker),
             "--name",
-            f"{i}",
+            name,
             "--host",
             self.host,
             "--nanny" if self.nanny else "--no-nanny",
@@ -202,7 +212,8 @@ class LocalCluster:
 
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
         while True:
-            dead = [p for p in self._procs if p.poll() is not None]
+            leaving = [self._by_name.get(name) for name in self._leaving]
+            dead = [p for p in self._procs if p.poll() is not None and p not in leaving]
             if dead:
                 raise RuntimeError(f"a cluster process exited with code {dead[0].returncode}")
             if _in_thread(lambda: run(count())) >= n:
@@ -215,7 +226,6 @@ class LocalCluster:
 
     def _start_in_process(self) -> None:
         from shoal.server.scheduler import Scheduler
-        from shoal.server.worker import Worker
 
         self._runner = LoopRunner(name="shoal-local-cluster")
 
@@ -229,26 +239,93 @@ class LocalCluster:
                 worker_ttl=self.worker_ttl,
             ).start()
             self.scheduler_address = self._scheduler.address
-            for i in range(self.n_workers):
-                w = Worker(
-                    self.scheduler_address,
-                    self.threads_per_worker,
-                    name=str(i),
-                    host=self.host,
-                    validate=self.validate,
-                    resources=self.resources,
-                    security=self.security,
-                    memory_limit=self.memory_limit,
-                    interrupt_grace=self.interrupt_grace,
-                    # the process's memory is every worker's: only the target applies
-                    memory_fractions=self.memory_fractions._replace(
-                        spill=None, pause=None, terminate=None
-                    ),
-                    local_directory=self._dir,
-                )
-                self._workers.append(await w.start())
+            for _ in range(self.n_workers):
+                await self._start_in_process_worker(next(self._names))
 
         self._runner.run_sync(start(), self.timeout)
+
+    async def _start_in_process_worker(self, name: str) -> None:
+        from shoal.server.worker import Worker
+
+        w = Worker(
+            self.scheduler_address,
+            self.threads_per_worker,
+            name=name,
+            host=self.host,
+            validate=self.validate,
+            resources=self.resources,
+            security=self.security,
+            memory_limit=self.memory_limit,
+            interrupt_grace=self.interrupt_grace,
+            # the process's memory is every worker's: only the target applies
+            memory_fractions=self.memory_fractions._replace(spill=None, pause=None, terminate=None),
+            local_directory=self._dir,
+        )
+        self._workers.append(w)
+        self._by_name[name] = w
+        await w.start()
+
+    # ---------------------------------------------------------------- scale and adapt
+
+    def _control_runner(self) -> LoopRunner:
+        if self.status == "closed":
+            raise RuntimeError("the cluster is closed")
+        if self._runner is not None:
+            return self._runner  # in process: the scheduler's own loop
+        if self._control_loop is None:
+            self._control_loop = LoopRunner(name="shoal-cluster-control")
+        return self._control_loop
+
+    def scale(self, n: int) -> None:
+        self._check_running()
+        super().scale(n)
+
+    def adapt(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_running()
+        return super().adapt(*args, **kwargs)
+
+    adapt.__doc__ = ElasticCluster.adapt.__doc__
+    scale.__doc__ = ElasticCluster.scale.__doc__
+
+    def _check_running(self) -> None:
+        if self.status != "running":
+            raise RuntimeError(f"the cluster is {self.status}: it cannot scale")
+
+    async def _start_workers(self, n: int) -> None:
+        for _ in range(n):
+            name = next(self._names)
+            if self.processes:
+                self._spawn_worker(name)
+            else:
+                await self._start_in_process_worker(name)
+
+    def _worker_names(self) -> list[str]:
+        """The workers this cluster runs, joined or starting; those that exited are
+        forgotten here (their processes reaped)."""
+        for name, w in list(self._by_name.items()):
+            if self.processes:
+                if w.poll() is not None:  # poll() reaps it
+                    del self._by_name[name]
+                    with contextlib.suppress(ValueError):
+                        self._procs.remove(w)
+            elif w._closed.is_set():
+                del self._by_name[name]
+                with contextlib.suppress(ValueError):
+                    self._workers.remove(w)
+        return list(self._by_name)
+
+    async def _stop_workers(self, names: list[str]) -> None:
+        """Workers that have not joined yet: a nanny stops its worker and exits; a
+        worker without one leaves (it has nothing to hand off)."""
+        for name in names:
+            w = self._by_name.get(name)
+            if w is None:
+                continue
+            if self.processes:
+                if w.poll() is None:
+                    w.send_signal(signal.SIGTERM)
+            else:
+                await w.close("stopped by scale")
 
     # ---------------------------------------------------------------- closing
 
@@ -273,7 +350,11 @@ class LocalCluster:
         """Stop every worker and the scheduler; no process is left behind."""
         if self.status == "closed":
             return
+        if self.status == "running":
+            self._close_elastic()  # no adapt loop may start workers while we stop them
         self.status = "closed"
+        if self._control_loop is not None:
+            self._control_loop.stop()
         if self._runner is not None:
 
             async def stop() -> None:

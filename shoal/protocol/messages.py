@@ -677,6 +677,49 @@ class EventsReply(Message):
     events: dict[str, list[tuple[float, dict[str, Any]]]]  # topic -> (timestamp, data)
 
 
+# ---------------------------------------------------------------- scaling: scale and adapt
+# A cluster (LocalCluster, a job-queue cluster) asks the scheduler what to do; the
+# scheduler decides (the adaptive policy and which workers to close are in the core).
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ScaleRequest(Message):
+    """Cluster -> scheduler: ``n >= 0``: run ``n`` workers (``cluster.scale(n)``);
+    ``n == -1``: as many as the adaptive policy with these settings says (its memory
+    of lower proposals is kept per client and ``session``). ``workers``: the names of
+    the workers the cluster runs, joined or still starting. The scheduler retires the
+    workers to close itself and answers :class:`ScaleReply`."""
+
+    request_id: int
+    workers: list[str]
+    n: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    session: str = ""
+    minimum: Count = 0
+    maximum: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1: no maximum
+    target_duration: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    wait_count: Annotated[int, msgspec.Meta(ge=1)] = 3
+    default_task_duration: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    threads_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 1  # of workers it would start
+
+
+class ScaleReply(Message):
+    """Scheduler -> cluster: start ``start`` workers; stop ``stop`` (started, not yet
+    joined); ``closing`` are being retired by the scheduler (they exit by themselves
+    once their data is copied); ``resumed``: retirements cancelled by this scale-up.
+    ``error``: the request was refused (nothing done)."""
+
+    request_id: int
+    target: int = 0
+    action: str = ""
+    start: int = 0
+    stop: list[str] = []
+    closing: list[str] = []
+    resumed: list[str] = []
+    reason: str = ""
+    error: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -729,6 +772,8 @@ AnyMessage = (
     | PinReply
     | EventsRequest
     | EventsReply
+    | ScaleRequest
+    | ScaleReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

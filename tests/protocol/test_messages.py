@@ -223,6 +223,29 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         request_id=23,
         events={"pins": [(1.7e9, {"action": "pin", "pin": 4, "workers": ["tcp://w:1"]})]},
     ),
+    m.ScaleRequest: m.ScaleRequest(
+        request_id=24,
+        workers=["0", "1"],
+        n=4,
+        session="adaptive-1",
+        minimum=1,
+        maximum=4,
+        target_duration=1.5,
+        wait_count=2,
+        default_task_duration=0.1,
+        threads_per_worker=2,
+    ),
+    m.ScaleReply: m.ScaleReply(
+        request_id=24,
+        target=3,
+        action="up",
+        start=1,
+        stop=["4"],
+        closing=["2"],
+        resumed=["1"],
+        reason="up: 10 tasks",
+        error="minimum (3) must not exceed maximum (2)",
+    ),
 }
 
 

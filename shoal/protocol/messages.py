@@ -29,7 +29,7 @@ import msgspec
 # 8: payload kind BYTES (a large bytes value as one out-of-band buffer); out-of-band
 #    buffers are no longer bounded by the frame limit.
 # 9: elastic clusters: pins and the event log (PinWorkers, EventsRequest, ...,
-#    RetireWorkers.ignore_pins, WorkerInfo.pins).
+#    RetireWorkers.ignore_pins, WorkerInfo.pins), scaling (ScaleRequest, ScaleReply).
 PROTOCOL_VERSION = 9
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are

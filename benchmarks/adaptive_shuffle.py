@@ -60,7 +60,9 @@ from benchmarks.shuffle_events import (  # noqa: E402
 from benchmarks.transfer import log  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-adaptive-shuffle.md"
-ADAPT = dict(minimum=1, maximum=4, target_duration="1s", interval="0.2s", wait_count=1)
+ADAPT: dict[str, Any] = dict(
+    minimum=1, maximum=4, target_duration="1s", interval="0.2s", wait_count=1
+)
 SEEDS = 4
 BAR_WORKERS, BAR_BACK_S = 3, 10.0
 
@@ -125,7 +127,10 @@ class Outcome:
 
 class Dask:
     name = "dask"
-    method = "p2p"
+    method: str | None = "p2p"
+    cluster: Any = None
+    adaptive: Any = None
+    client: Any = None
 
     def start(self) -> None:
         import distributed
@@ -146,15 +151,21 @@ class Dask:
         out.scale_ups, out.scale_downs = scale_counts(self.adaptive.log)
 
     def close(self) -> None:
-        for what in ("adaptive", "client", "cluster"):
-            obj = getattr(self, what, None)
-            with contextlib.suppress(Exception):
-                obj.stop() if what == "adaptive" else obj.close() if obj is not None else None
+        steps = (
+            getattr(self.adaptive, "stop", None),
+            getattr(self.client, "close", None),
+            getattr(self.cluster, "close", None),
+        )
+        for step in steps:
+            if step is not None:
+                with contextlib.suppress(Exception):
+                    step()
 
 
 class Shoal(Dask):
     name = "shoal"
     method = None  # its default: P2P
+    monitor: Any = None
 
     def start(self) -> None:
         import shoal

@@ -134,10 +134,13 @@ class Bench:
         self.system, self.method = VARIANTS[variant]
         client = cluster.client
         addrs = sorted(cluster.call(lambda: list(client.scheduler_info()["workers"]), 30))
-        self.pids = [
-            cluster.call(lambda a=a: client.submit(getpid, workers=[a], pure=False).result(), 60)
-            for a in addrs
-        ]
+        self.pids = [self.worker_pid(a) for a in addrs]
+
+    def worker_pid(self, address: str) -> int:
+        client = self.cluster.client
+        return self.cluster.call(
+            lambda: client.submit(getpid, workers=[address], pure=False).result(), 60
+        )
 
     def call(self, fn: Any) -> Any:
         return self.cluster.call(fn, self.args.timeout)
@@ -300,7 +303,8 @@ def render(
             rows.append(row + ratios)
     tables = ["## Results", "", *_table(header, rows)]
     tables += ["", "## Bar", "", *bar_lines(cells, variants)]
-    notes, errors = [], {}
+    notes: list[str] = []
+    errors: dict[tuple[str, str], list[str]] = {}
     for (v, op), c in cells.items():
         if c.runs:
             walls = ", ".join(f"{r.seconds:.2f}" for r in c.runs)

@@ -23,9 +23,9 @@ events), the floor of both.
 
 Systems: Dask with ``shuffle_method="p2p"``; shoal with no ``shuffle_method`` (its
 default under a shoal client, P2P); shoal with ``shuffle_method="tasks"``. Each round
-starts a fresh cluster per system (systems one after the other, in ``--systems``
-order), runs an untimed warm-up of both operations at 100,000 rows, then one timed run
-of each operation and of "frame only"; ``--runs`` rounds, figures are medians. Peak RSS:
+runs every system (one after the other, in ``--systems`` order), each operation on a
+fresh cluster: an untimed warm-up of that operation at 100,000 rows, then one timed
+run; ``--runs`` rounds, figures are medians. Peak RSS:
 the kernel's high-water mark of each worker process (VmHWM, reset through
 ``/proc/PID/clear_refs`` before each operation), the larger of the two workers; "peak
 over RSS before": the same minus the worker's RSS just before the operation (what the
@@ -198,7 +198,7 @@ class Bench:
             if ours["finished"]:
                 moved, spilled = ours["moved"], ours["spilled"]
         self.check(op, rows, seed, sd.Summary.of(parts))
-        growth = [p - b for p, b in zip(peaks, rss_before, strict=True)]
+        growth = [max(0, p - b) for p, b in zip(peaks, rss_before, strict=True)]
         return Run(seconds, peaks, growth, spilled, moved)
 
     def check(self, op: str, rows: int, seed: int, got: sd.Summary) -> None:
@@ -220,7 +220,15 @@ def system_for(variant: str, memory_limit: str | None) -> System:
 
 
 def one_round(variant: str, cells: dict[str, Cell], ref: sd.Reference, args: Any) -> None:
-    """Fresh cluster, warm-up, one timed run of each operation (errors go in the cells)."""
+    """One timed run of each operation, each on a fresh cluster after a warm-up of that
+    operation (so no peak RSS carries memory an earlier operation left in the process)."""
+    for op in OPS:
+        if cells[op].error:
+            continue
+        one_run(variant, op, cells, ref, args)
+
+
+def one_run(variant: str, op: str, cells: dict[str, Cell], ref: sd.Reference, args: Any) -> None:
     cluster = Cluster(system_for(variant, args.memory_limit), timeout=args.startup_timeout)
     try:
         cluster.start()
@@ -229,27 +237,22 @@ def one_round(variant: str, cells: dict[str, Cell], ref: sd.Reference, args: Any
             if missing:
                 raise NotAvailable(missing)
         bench = Bench(variant, cluster, ref, args)
-        for op in OPS[:2]:
-            bench.one(op, min(WARM_ROWS, args.size), args.seed)
-        for op in OPS:
-            if cells[op].error:
-                continue
-            run = bench.one(op, args.size, args.seed)
-            cells[op].runs.append(run)
-            log(
-                f"   {variant:12} {op:10} {run.seconds:8.2f} s  peak RSS "
-                f"{' / '.join(f'{p / MB:,.0f}' for p in run.peaks)} MB  spilled "
-                f"{'—' if run.spilled is None else f'{run.spilled / MB:,.0f} MB'}"
-            )
+        bench.one(op, min(WARM_ROWS, args.size), args.seed)
+        run = bench.one(op, args.size, args.seed)
+        cells[op].runs.append(run)
+        log(
+            f"   {variant:12} {op:10} {run.seconds:8.2f} s  peak RSS "
+            f"{' / '.join(f'{p / MB:,.0f}' for p in run.peaks)} MB  spilled "
+            f"{'—' if run.spilled is None else f'{run.spilled / MB:,.0f} MB'}"
+        )
     except NotAvailable as e:
         for cell in cells.values():
             cell.error = f"not available: {e}"
         log(f"!! {variant}: not available: {e}")
     except Exception as e:
-        log(f"!! {variant}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        log(f"!! {variant} {op}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
         diag = cluster.diagnose()
-        for cell in cells.values():
-            cell.error = cell.error or f"{type(e).__name__}: {e}" + (f"\n{diag}" if diag else "")
+        cells[op].error = f"{type(e).__name__}: {e}" + (f"\n{diag}" if diag else "")
     finally:
         cluster.stop()
 
@@ -386,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             one_round(v, mine, ref, args)
     settings = (
-        f"{args.runs} round(s), each a fresh cluster per system, warm-up at "
+        f"{args.runs} round(s), a fresh cluster per system and operation, warm-up at "
         f"{min(WARM_ROWS, args.size):,} rows, seed {args.seed}, worker memory limit "
         f"{args.memory_limit or 'each system default'}; total time {time.monotonic() - t0:.0f} s; "
         f"load average (1/5/15 min) {load0} at start, {load_average()} at end"

@@ -1,6 +1,6 @@
 """P2P merges with idle gaps on an aggressively adaptive cluster: shoal vs Dask.
 
-    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 4000000]
+    python benchmarks/adaptive_shuffle.py [--duration 120] [--rows 10000000]
         [--partition-rows 100000] [--gaps 1,5,0.5,3] [--systems shoal,dask]
         [--out benchmarks/RESULTS-adaptive-shuffle.md]
 
@@ -397,7 +397,7 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="P2P merges on an adaptive cluster: shoal vs Dask")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of merges and gaps")
-    p.add_argument("--rows", type=int, default=4_000_000, help="events rows per merge")
+    p.add_argument("--rows", type=int, default=10_000_000, help="events rows per merge")
     p.add_argument("--partition-rows", type=int, default=sd.ROWS_PER_PARTITION)
     p.add_argument("--gaps", default="1,5,0.5,3", help="idle seconds between merges, cycled")
     p.add_argument("--systems", default="shoal,dask")

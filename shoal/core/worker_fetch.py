@@ -100,6 +100,7 @@ class Fetching:
                 if worker in ts.who_has:
                     ts.who_has.discard(worker)
                     _unindex(self._has_what, worker, ts)
+                _missed(ts, worker)
                 self._gather_missed(ts, sid, lost)
             elif ts.state == "cancelled":
                 self._forget_cancelled(ts, sid)
@@ -126,6 +127,7 @@ class Fetching:
         self._data_needed.pop(worker, None)
         for ts in self._has_what.pop(worker, ()):  # the peer is gone for every task
             ts.who_has.discard(worker)
+            _missed(ts, worker)
             if ts.state == "fetch" and not ts.who_has:
                 self._log((ts.key, "GatherFailure", sid))
                 self._transition(ts, "released", sid)
@@ -133,6 +135,7 @@ class Fetching:
         for ts in self._in_flight.pop(worker, ()):
             if ts.coming_from == worker:
                 self._log((ts.key, "GatherFailure", sid))
+                _missed(ts, worker)
                 self._gather_missed(ts, sid, lost)
         self._lost(lost, sid)
 
@@ -183,17 +186,22 @@ class Fetching:
 
     def _lost(self, lost: list[WTask], sid: str) -> None:
         """No peer holds these (released) keys: give up their dependents."""
-        by_dependent: dict[WTask, list[Key]] = {}
+        by_dependent: dict[WTask, list[WTask]] = {}
         for ts in lost:
             for dependent in sorted(ts.dependents, key=_order):
-                by_dependent.setdefault(dependent, []).append(ts.key)
+                by_dependent.setdefault(dependent, []).append(ts)
             ts.wanted = False  # a copy asked for (CopyKeys) that could not be had
             self._to_release.append(ts)
-        for dependent, keys in by_dependent.items():
-            self._out.append(SendMessage(m.MissingData(dependent.key, keys, sid), sid))
+        for dependent, deps in by_dependent.items():
+            keys = [d.key for d in deps]
+            tried = [list(d.missed_on) for d in deps]
+            msg = m.MissingData(dependent.key, keys, sid, tried)
+            self._out.append(SendMessage(msg, sid))
             dependent.wanted = False  # the scheduler reschedules it
             dependent.resume = None
             self._release(dependent, sid)
+        for ts in lost:
+            ts.missed_on = ()  # reported
 
     def _ensure_communicating(self, sid: str) -> None:
         if self.paused:  # fetched data would add to the memory that paused us
@@ -240,3 +248,9 @@ class Fetching:
         )
         reason = f"{ts.nbytes} bytes, over the memory limit of {self.memory_limit} bytes"
         self._transfer_failed(ts, holder, TransferError(reason, error_payload(exc)), sid)
+
+
+def _missed(ts: WTask, worker: str) -> None:
+    """``worker`` was asked for ``ts`` and did not deliver it."""
+    if worker not in ts.missed_on:
+        ts.missed_on += (worker,)

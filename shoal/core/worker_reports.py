@@ -94,15 +94,18 @@ class WorkerReports:
             self._stale_result(ws, ts, key, nbytes, msg.stimulus_id)
 
     def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
-        """``ws`` could not fetch ``msg.missing`` from any holder: treat those copies as
-        lost (the holders are told to drop them), recompute, and run the task again."""
+        """``ws`` could not fetch ``msg.missing`` from the holders it asked: treat those
+        copies as lost (the holders are told to drop them), recompute what has no copy
+        left, and run the task again (with the copies made since, if any)."""
         lost = []
-        for key in msg.missing:
+        tried_by_key = msg.tried if msg.tried and len(msg.tried) == len(msg.missing) else None
+        for i, key in enumerate(msg.missing):
             dts = self.tasks.get(key)
             if dts is None or dts.state != "memory":
                 continue
+            tried = None if tried_by_key is None else set(tried_by_key[i])
             for holder in list(dts.who_has):
-                if holder is not ws:
+                if holder is not ws and (tried is None or holder.address in tried):
                     self._remove_replica(dts, holder)
                     self.comm.send_worker(holder.address, m.FreeKeys([key], msg.stimulus_id))
             if not dts.who_has:

@@ -108,6 +108,7 @@ class WTask:
         "wanted",  # the scheduler wants this key here
         "previous",  # for "cancelled": "executing" or "flight"
         "coming_from",  # for "flight" and a cancelled flight: the peer asked
+        "missed_on",  # peers asked for the key that did not deliver it (for MissingData)
         "resume",  # a ComputeTask received while the key was in flight
         "ready_seq",  # identifies the task's live entry in the ready (or constrained) heap
         "resources",  # what it holds while executing; None: nothing
@@ -129,6 +130,7 @@ class WTask:
         self.wanted = False
         self.previous: str | None = None
         self.coming_from: str | None = None
+        self.missed_on: tuple[str, ...] = ()
         self.resume: ComputeTask | None = None
         self.ready_seq = -1
         self.resources: dict[str, float] | None = None
@@ -409,6 +411,8 @@ class WorkerState(Fetching, Releases):
     def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
         for w in workers:
             if w != self.address and w not in ts.who_has:
+                if w in ts.missed_on:  # the scheduler says it has the key again
+                    ts.missed_on = tuple(x for x in ts.missed_on if x != w)
                 if ts.who_has is _NO_SET:
                     ts.who_has = set()
                 ts.who_has.add(w)
@@ -451,7 +455,9 @@ class WorkerState(Fetching, Releases):
             return  # else waiting, ready or executing already
         deps = ev.deps
         if deps and (missing := self._missing_deps(key, deps)):
-            self._out.append(SendMessage(m.MissingData(key, missing, sid), sid))
+            told = {d.key: d.who_has for d in deps}
+            tried = [list(told[k]) for k in missing]
+            self._out.append(SendMessage(m.MissingData(key, missing, sid, tried), sid))
             if ts is not None and ts.state != "fetch":
                 if ts.state == "error":
                     self._transition(ts, "released", sid)

@@ -29,7 +29,9 @@ import msgspec
 # 8: payload kind BYTES (a large bytes value as one out-of-band buffer); out-of-band
 #    buffers are no longer bounded by the frame limit.
 # 9: elastic clusters: pins and the event log (PinWorkers, EventsRequest, ...,
-#    RetireWorkers.ignore_pins, WorkerInfo.pins), scaling (ScaleRequest, ScaleReply).
+#    RetireWorkers.ignore_pins, WorkerInfo.pins), scaling (ScaleRequest, ScaleReply),
+#    the P2P shuffle (TaskSpec.shuffle, ComputeTask.shuffle, Shuffle* messages),
+#    MissingData.tried (a copy made during the fetch is not dropped as lost).
 PROTOCOL_VERSION = 9
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -488,11 +490,14 @@ class AddKeys(Message):
 
 
 class MissingData(Message):
-    """``key`` could not run: ``missing`` were not found on any worker we were told of."""
+    """``key`` could not run: ``missing`` were not found on any worker we were told of.
+    ``tried[i]`` names the peers asked for ``missing[i]`` that did not deliver it: copies
+    the scheduler learned of since are not lost (None: every copy is treated as lost)."""
 
     key: Key
     missing: list[Key]
     stimulus_id: str = ""
+    tried: list[list[str]] | None = None
 
 
 # --- peer to peer (worker <-> worker, client -> worker) ---------------------------

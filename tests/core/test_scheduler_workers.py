@@ -561,3 +561,32 @@ def test_untimed_completion_leaves_the_duration_statistics_alone():
     sim.s.handle_worker(sim.worker_of(key), TaskFinished(key, 8, 0.0, 0.0, None, "int", "fetched"))
     assert sim.state(key) == "memory"
     assert (tp.duration_count, tp.mean_duration) == (1, pytest.approx(0.5))
+
+
+def test_missing_data_keeps_copies_made_after_the_task_was_sent():
+    """A dependent was sent with "a" on W1 only; W1 retired (its copy went to W3) before
+    the fetch. The worker names W1 as the holder it tried: the copy on W3 is not lost,
+    nothing is recomputed, and the dependent runs again told of W3 (found by the scaling
+    property test)."""
+    sim = busy_holder()
+    sim.add_worker(W3, 1)
+    sim.add_keys(W3, {"a": 8}, sid="copied")
+    sim.remove_worker(W1, sid="retired")
+    sim.clear()
+    sim.s.handle_worker(W2, MissingData("b", ["a"], "miss", tried=[[W1]]))
+    assert sim.state("a") == "memory" and sim.holds(W3) == {"a"}
+    assert not any(e[1:3] == ("memory", "released") for e in sim.s.story("a"))
+    assert sim.to_worker(W2) == [FreeKeys(["b"], "miss")]  # the task it could not run
+    [msg] = sim.to_worker(W3)  # b goes where a's copy is; that copy is not dropped
+    assert isinstance(msg, ComputeTask)
+    assert msg.key == "b" and msg.deps == [DepInfo("a", 8, [W3])]
+
+
+def test_missing_data_drops_the_copies_the_worker_tried():
+    sim = busy_holder()
+    sim.add_worker(W3, 1)
+    sim.add_keys(W3, {"a": 8}, sid="copied")
+    sim.clear()
+    sim.s.handle_worker(W2, MissingData("b", ["a"], "miss", tried=[[W1, W3]]))
+    assert sim.to_worker(W1) == sim.to_worker(W3) == [FreeKeys(["a"], "miss")]
+    assert sim.state("a") != "memory"  # no copy left: computed again

@@ -215,7 +215,7 @@ def test_a_local_task_needing_an_interrupted_key_held_nowhere_is_given_up():
     assert not ws.tasks["a"].who_has
     out = ws.handle(fail("a", sid="interrupted"))
     msgs = [i.msg for i in out if isinstance(i, SendMessage)]
-    assert MissingData("b", ["a"], "interrupted") in msgs
+    assert MissingData("b", ["a"], "interrupted", [[PEER]]) in msgs
     assert ws.tasks == {}
 
 

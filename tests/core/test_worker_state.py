@@ -198,7 +198,7 @@ def test_compute_for_key_in_memory_resends_task_finished():
 def test_dependency_nobody_holds_is_missing_at_once():
     ws = make()
     out = ws.handle(compute("b", dep("x", ME), dep("y"), dep("z", "w1"), sid="s"))
-    assert out == [SendMessage(MissingData("b", ["x", "y"], "s"), "s")]
+    assert out == [SendMessage(MissingData("b", ["x", "y"], "s", [[ME], []]), "s")]
     assert ws.tasks == {}
 
 
@@ -286,8 +286,8 @@ def test_missing_data_without_holder_sends_missing_data_and_forgets_dependents()
     ws.handle(gathered("w2", sid="g2", y=1))
     out = ws.handle(gathered("w1", sid="g1", missing=("x",)))
     assert out == [
-        SendMessage(MissingData("b", ["x"], "g1"), "g1"),
-        SendMessage(MissingData("c", ["x"], "g1"), "g1"),
+        SendMessage(MissingData("b", ["x"], "g1", [["w1"]]), "g1"),
+        SendMessage(MissingData("c", ["x"], "g1", [["w1"]]), "g1"),
     ]
     # b and c are forgotten with x; z, in flight, is cancelled; y was reported: it stays
     assert states(ws) == {"y": "memory", "d": "executing", "z": "cancelled"}
@@ -299,7 +299,7 @@ def test_missing_data_cancels_other_transfers_of_the_dependent():
     ws = make()
     ws.handle(compute("b", dep("x", "w1"), dep("y", "w2")))
     assert ws.handle(gathered("w1", sid="g", missing=("x",))) == [
-        SendMessage(MissingData("b", ["x"], "g"), "g")
+        SendMessage(MissingData("b", ["x"], "g", [["w1"]]), "g")
     ]
     assert states(ws) == {"y": "cancelled"}
     assert ws.handle(gathered("w2", sid="late", y=1)) == []  # discarded, nothing sent
@@ -310,7 +310,7 @@ def test_missing_data_leaves_a_stub_for_local_dependents():
     ws = make()
     ws.handle(compute("b", dep("x", "w1")), compute("c", dep("b", ME)))
     assert ws.handle(gathered("w1", sid="g", missing=("x",))) == [
-        SendMessage(MissingData("b", ["x"], "g"), "g")
+        SendMessage(MissingData("b", ["x"], "g", [["w1"]]), "g")
     ]
     # c still waits on b: the scheduler sends b again, or frees c
     assert states(ws) == {"b": "released", "c": "waiting"}
@@ -339,8 +339,8 @@ def test_gather_failure_removes_the_peer_everywhere():
     # z (waiting to be fetched) and x (in flight) have no other holder: their dependents
     # are given up, and y with c; v is fetched from w3 instead
     assert out == [
-        SendMessage(MissingData("c", ["z"], "fail"), "fail"),
-        SendMessage(MissingData("b", ["x"], "fail"), "fail"),
+        SendMessage(MissingData("c", ["z"], "fail", [["w1"]]), "fail"),
+        SendMessage(MissingData("b", ["x"], "fail", [["w1"]]), "fail"),
         GatherDep("w3", ["v"], 10, "fail"),
     ]
     assert states(ws) == {"e": "waiting", "v": "flight"}

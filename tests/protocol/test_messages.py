@@ -144,7 +144,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         run_id=2,
     ),
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
-    m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1"),
+    m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]),
     m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
     m.DataReply: m.DataReply(
         request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)], failed=[("c", "why")]

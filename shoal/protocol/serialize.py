@@ -469,12 +469,55 @@ def dumps_exception(exc: BaseException) -> Payload:
 
 def sizeof(obj: Any) -> int:
     """A cheap estimate of an object's memory footprint in bytes."""
+    t = type(obj)
+    if t.__module__.partition(".")[0] == "pandas":
+        # (pandas' own __sizeof__ is a deep memory_usage: a Series per call and, for
+        # some indexes, a hash table: milliseconds for every task result)
+        return _pandas_sizeof(obj)
     nbytes = getattr(obj, "nbytes", None)
     if type(nbytes) is int:
         return nbytes
-    t = type(obj)
     if t is bytes or t is bytearray or t is str:
         return len(obj) + 33
     if t is list or t is tuple:
         return sys.getsizeof(obj) + 8 * min(len(obj), 64)
+    return sys.getsizeof(obj)
+
+
+_OBJECT_SAMPLE = 20  # items sampled of an object array to estimate its size
+
+
+def _array_sizeof(values: Any) -> int:
+    """An ndarray or a pandas extension array."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and values.dtype == object and len(values):
+        step = max(1, len(values) // _OBJECT_SAMPLE)
+        sample = values[::step][:_OBJECT_SAMPLE]
+        each = sum(sys.getsizeof(v) for v in sample) / len(sample)
+        return int(values.nbytes + each * len(values))
+    return int(values.nbytes)
+
+
+def _index_sizeof(index: Any) -> int:
+    import pandas as pd
+
+    if isinstance(index, pd.RangeIndex | pd.MultiIndex):
+        return int(index.nbytes)
+    return _array_sizeof(index._values)
+
+
+def _pandas_sizeof(obj: Any) -> int:
+    import pandas as pd
+
+    try:
+        if isinstance(obj, pd.DataFrame):
+            columns = sum(_array_sizeof(block.values) for block in obj._mgr.blocks)
+            return columns + _index_sizeof(obj.index) + _index_sizeof(obj.columns) + 100
+        if isinstance(obj, pd.Series):
+            return _array_sizeof(obj._values) + _index_sizeof(obj.index) + 100
+        if isinstance(obj, pd.Index):
+            return _index_sizeof(obj) + 100
+    except (AttributeError, TypeError):  # another pandas' internals
+        pass
     return sys.getsizeof(obj)

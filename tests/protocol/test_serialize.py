@@ -589,3 +589,19 @@ def test_sizeof():
     assert s.sizeof("x" * 100) > 100
     assert s.sizeof(list(range(1000))) > 1000
     assert s.sizeof(object()) > 0
+
+
+def test_sizeof_of_pandas_objects_counts_their_data():
+    pd = pytest.importorskip("pandas")
+    n = 10_000
+    frame = pd.DataFrame(
+        {"i": np.arange(n), "f": np.zeros(n), "s": pd.array(["abc"] * n, dtype="string")},
+        index=pd.date_range("2000", periods=n, freq="s"),
+    )
+    numeric = 8 * n * 2 + 8 * n  # two columns and the index
+    assert numeric + 3 * n < s.sizeof(frame) < numeric + 20 * n
+    objects = pd.Series(["x" * 100] * n, dtype=object)
+    assert s.sizeof(objects) > 100 * n  # the strings, not only their pointers
+    assert s.sizeof(frame["i"]) >= 8 * n
+    assert s.sizeof(pd.Index(np.arange(n))) >= 8 * n
+    assert 0 < s.sizeof(pd.RangeIndex(n)) < 1000

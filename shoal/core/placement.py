@@ -33,6 +33,12 @@ first, to the best valid worker with room for its resources. Without one it wait
 not an error) until a worker joins or leaves or resources are released. As in Dask, a
 restricted task does not wait for a free thread: ``workers=`` alone sends every task to
 its workers at once, and ``resources=`` bounds how many run.
+
+The tasks of a P2P shuffle are restricted to its participants but are "slotted": they
+go out only to a free thread, and only when no root task in the queue comes first by
+priority. Else every unpack would land on its owner at once, and run before the root
+tasks that come first in the graph's order (e.g. the other side of a merge), holding
+all of their outputs in memory.
 """
 
 from __future__ import annotations
@@ -56,12 +62,19 @@ class Restrictions:
     """Where the tasks submitted with the same restrictions may run; one object shared
     by all of them (interned), which also queues those of them waiting for a worker."""
 
-    __slots__ = ("workers", "loose", "resources", "queue", "nqueued", "__weakref__")
+    __slots__ = ("workers", "loose", "resources", "slotted", "queue", "nqueued", "__weakref__")
 
-    def __init__(self, workers: frozenset[str], loose: bool, resources: dict[str, float]):
+    def __init__(
+        self,
+        workers: frozenset[str],
+        loose: bool,
+        resources: dict[str, float],
+        slotted: bool = False,
+    ):
         self.workers = workers  # addresses, names or hosts; empty: any worker
         self.loose = loose and bool(workers)  # may run elsewhere if none of them can
         self.resources = resources  # held on the worker while a task runs
+        self.slotted = slotted  # waits for a free thread, in priority with root tasks
         self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # heap, lazily pruned
         self.nqueued = 0  # tasks in state "queued" with these restrictions
 
@@ -81,7 +94,11 @@ class Restrictions:
 
     def __repr__(self) -> str:
         loose = " loose" if self.loose else ""
-        return f"<Restrictions workers={sorted(self.workers)}{loose} resources={self.resources}>"
+        slotted = " slotted" if self.slotted else ""
+        return (
+            f"<Restrictions workers={sorted(self.workers)}{loose}{slotted} "
+            f"resources={self.resources}>"
+        )
 
 
 class Placement:
@@ -108,6 +125,7 @@ class Placement:
         self.by_resource: dict[str, set[WorkerRecord]] = {}  # resource -> workers with some
         self.restricted: dict[Restrictions, None] = {}  # those with queued tasks, in order
         self._retry_restricted = False  # something changed that may let one of them go
+        self.nslotted = 0  # queued tasks with slotted restrictions (they wait for slots)
         self._interned: weakref.WeakValueDictionary[tuple[object, ...], Restrictions] = (
             weakref.WeakValueDictionary()
         )
@@ -215,6 +233,8 @@ class Placement:
         r = ts.restrictions
         if r is not None:
             allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
+            if r.slotted:
+                allowed = [ws for ws in allowed if ws in self.free_workers]
             if not allowed:
                 return None
             if len(allowed) > 1:  # rather not where every thread is draining
@@ -270,17 +290,17 @@ class Placement:
 
     # ------------------------------------------------------------------ restrictions
 
-    def _restrictions(self, spec: TaskRestrictions) -> Restrictions | None:
+    def _restrictions(self, spec: TaskRestrictions, slotted: bool = False) -> Restrictions | None:
         """The shared Restrictions for a task's wire restrictions (None: unrestricted)."""
         workers = frozenset(spec.workers)
         resources = tuple(sorted(spec.resources.items()))
         if not workers and not resources:
             return None
         loose = spec.allow_other_workers and bool(workers)
-        ident = (workers, loose, resources)
+        ident = (workers, loose, resources, slotted)
         r = self._interned.get(ident)
         if r is None:
-            r = self._interned[ident] = Restrictions(workers, loose, dict(resources))
+            r = self._interned[ident] = Restrictions(workers, loose, dict(resources), slotted)
         return r
 
     def _valid_workers(self, r: Restrictions) -> Collection[WorkerRecord]:
@@ -308,6 +328,7 @@ class Placement:
         queue = r.queue
         heapq.heappush(queue, (ts.priority, ts))
         r.nqueued += 1
+        self.nslotted += r.slotted
         if len(queue) > 2 * r.nqueued + 1024:  # drop stale entries now and then
             queue[:] = [e for e in queue if e[1].state == "queued"]
             heapq.heapify(queue)
@@ -321,6 +342,7 @@ class Placement:
             self.nqueued -= 1
             return
         r.nqueued -= 1
+        self.nslotted -= r.slotted
         if not r.nqueued:
             del self.restricted[r]
             r.queue.clear()  # only stale entries left; they would keep tasks alive
@@ -330,6 +352,7 @@ class Placement:
         across all restrictions. Tasks sharing restrictions have the same valid workers,
         so once the best of them finds no room, the rest need not be tried."""
         self._retry_restricted = False
+        root = self._root_top()
         tops: list[tuple[tuple[int, ...], int, Restrictions]] = []
         for i, r in enumerate(self.restricted):
             top = _live_top(r)
@@ -339,6 +362,9 @@ class Placement:
         while tops:
             _, i, r = tops[0]
             ts = r.queue[0][1]
+            if r.slotted and root is not None and root.priority < ts.priority:
+                heapq.heappop(tops)  # a root task comes first
+                continue
             ws = self._decide_worker(ts)
             if ws is None:
                 heapq.heappop(tops)
@@ -352,6 +378,13 @@ class Placement:
                 heapq.heappop(tops)
             else:
                 heapq.heapreplace(tops, (top.priority, i, r))
+
+    def _root_top(self) -> TaskState | None:
+        """The best task of the root-task queue, dropping stale entries on the way."""
+        queue = self.queue
+        while queue and queue[0][1].state != "queued":
+            heapq.heappop(queue)
+        return queue[0][1] if queue else None
 
 
 def _live_top(r: Restrictions) -> TaskState | None:

@@ -164,12 +164,14 @@ class SchedulerState(
         """End of one event: hand queued tasks to free threads, then check."""
         if self.shuffles:  # a shuffle whose tasks are ready starts before they are placed
             self._shuffles_check(stimulus_id)
-        if self._retry_restricted:
+        if self._retry_restricted or (self.nslotted and self.free_workers):
             self._schedule_restricted(stimulus_id)
         if self.retiring:
             self._advance_retirements(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
+            if self.nslotted and self.free_workers:  # those that gave way to root tasks
+                self._schedule_restricted(stimulus_id)
         if self.transition_counter != self._version_at:
             self._version_at = self.transition_counter
             self.version += 1

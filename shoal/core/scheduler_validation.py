@@ -114,6 +114,8 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             )
     check(nqueued == state.nqueued, f"queue count {state.nqueued} != {nqueued}")
     check(set(state.restricted) == set(restricted), "restrictions listed with queued tasks")
+    slotted = sum(len(queued) for r, queued in restricted.items() if r.slotted)
+    check(slotted == state.nslotted, f"slotted count {state.nslotted} != {slotted}")
     for r, queued in restricted.items():
         check(r.nqueued == len(queued), f"queue count {r.nqueued} != {len(queued)} of {r}")
         entries = {id(t) for _, t in r.queue}

@@ -102,7 +102,9 @@ class ShuffleCoordinator:
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
         def _enqueue(self, ts: TaskState) -> None: ...
         def _dequeue(self, ts: TaskState) -> None: ...
-        def _restrictions(self, spec: m.TaskRestrictions) -> Restrictions | None: ...
+        def _restrictions(
+            self, spec: m.TaskRestrictions, slotted: bool = False
+        ) -> Restrictions | None: ...
         def add_pin(
             self,
             workers: Iterable[str],
@@ -350,7 +352,7 @@ class ShuffleCoordinator:
             workers = [owner(partition, rec.participants)]
         else:
             workers = list(rec.participants)
-        r = self._restrictions(m.TaskRestrictions(workers=workers))
+        r = self._restrictions(m.TaskRestrictions(workers=workers), slotted=True)
         assert r is not None
         return r
 

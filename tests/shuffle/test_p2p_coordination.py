@@ -96,10 +96,34 @@ def test_unpacks_run_on_the_owner_of_their_partition():
     finish_transfers(sim)
     sim.finish("b")
     participants = events(sim, "start")[0]["participants"]
-    for p in range(5):
-        assert sim.worker_of(("u", p)) == owner(p, participants)
     sim.run_all()
-    assert all(sim.state(("u", p)) == "memory" for p in range(5))
+    for p in range(5):
+        assert sim.state(("u", p)) == "memory"
+        assert sim.holds(owner(p, participants)) >= {("u", p)}
+
+
+def test_unpacks_wait_for_a_free_thread_and_give_way_to_root_tasks_first_in_order():
+    """Unpacks are not all sent to their owners at once (where they would run before
+    root tasks that come first, e.g. the other side of a merge, and all hold their
+    outputs): they take free threads, in priority order with the root tasks."""
+    sim = two_workers()
+    submit(sim, ninputs=2, nout=8)
+    finish_inputs(sim, 2)
+    finish_transfers(sim, 2)
+    sim.finish("b")
+    unpacks = [("u", p) for p in range(8)]
+    sent = [k for k in unpacks if sim.state(k) == "processing"]
+    assert len(sent) == 4  # two per one-thread worker (a thread and its next task)
+    assert all(sim.state(k) == "queued" for k in unpacks if k not in sent)
+    others = [("other", i) for i in range(3)]
+    specs = [TaskSpec(k, "f", ARGS, priority=1) for k in others]  # before the unpacks
+    sim.s.handle_client("c", SubmitTasks(specs, others, FUNCS, "later"))
+    assert all(sim.state(k) == "queued" for k in others)  # no thread is free
+    sim.finish(sent[0])
+    assert sim.state(others[0]) == "processing"  # the freed thread goes to a root task
+    assert sum(sim.state(k) == "processing" for k in unpacks) == 3
+    sim.run_all()
+    assert all(sim.state(k) == "memory" for k in unpacks + others)
 
 
 def test_a_worker_that_joins_mid_shuffle_takes_no_part():
@@ -210,9 +234,11 @@ def test_a_participant_that_dies_restarts_the_shuffle_on_the_others():
             if isinstance(msg, ComputeTask):
                 assert msg.shuffle == ShuffleRun(SID, restart["run"], [W1, W3])
     # (a transfer whose input was lost with W2 waits for it to be computed again)
-    assert all(sim.state(("t", i)) in ("processing", "waiting") for i in range(4))
-    assert {sim.state(("t", i)) for i in range(4) if sim.state(("in", i)) == "memory"} == {
-        "processing"
+    # (or waits for a free thread: "queued")
+    assert all(sim.state(("t", i)) in ("processing", "queued", "waiting") for i in range(4))
+    assert {sim.state(("t", i)) for i in range(4) if sim.state(("in", i)) == "memory"} <= {
+        "processing",
+        "queued",
     }
     sim.run_all()
     for p in range(6):

@@ -109,9 +109,8 @@ def shuffle_unpack(
         frames = [f for f in frames if len(f)]
     else:
         service, info, worker = _context(shuffle_id)
-        pieces = service.take(info, partition, ninputs)
+        frames = service.take(info, partition, ninputs)
         _report(service, info, worker)
-        frames = [frame for _, frame in pieces]
     if not frames:
         return meta.drop(columns=[column])
     from dask.dataframe.dispatch import concat

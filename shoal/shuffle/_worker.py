@@ -8,14 +8,16 @@ returns once every one of its pieces is acknowledged, so when the barrier runs e
 piece has arrived.
 
 Received pieces stay in memory, by run, up to ``buffer_limit`` bytes (over every
-shuffle); past it the largest are written to the worker's local directory, one file
-per output partition. Unpack tasks take their partition's pieces (memory and files),
-in input order. Each run is separate: data of a run older than the newest known is
+shuffle; by default a quarter of the memory limit, at most 32 MiB); past it a spill
+thread writes the largest to the worker's local directory, one file per output
+partition (``_disk``), while received pieces wait for their acknowledgement (so
+senders slow down to the disk's pace). Unpack tasks take their partition's pieces
+(memory and files), in input order. Each run is separate: data of a run older than the newest known is
 refused or dropped (``ShuffleRestart``), and a task of an older run that waits is
 woken with :class:`StaleRun` (its result is discarded by the scheduler anyway).
 
-Threads: the loop thread receives and drops; task threads send and take. One
-condition guards the state.
+Threads: the loop thread receives and drops; task threads send and take; the spill
+thread writes. One condition guards the state.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import functools
 import logging
 import os
 import shutil
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from shoal.comm.connection import CommClosedError
 from shoal.comm.tcp import HandshakeError
 from shoal.protocol import messages as m
 from shoal.protocol.serialize import dumps_value, loads_value, sizeof
+from shoal.shuffle._disk import SpillFiles, to_frames
 
 if TYPE_CHECKING:
     from shoal.server.worker import Worker
@@ -44,15 +46,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("shoal.shuffle")
 
 DEFAULT_BUFFER_FRACTION = 0.25  # of the worker's memory limit, for received pieces
-DEFAULT_SEND_LIMIT = 64 << 20  # unacknowledged bytes before transfers wait
+DEFAULT_BUFFER_BYTES = 32 << 20  # and at most this: a shuffle's data is mostly on disk
+DEFAULT_SEND_LIMIT = 16 << 20  # unacknowledged bytes before transfers wait
 SEND_TIMEOUT = 300.0  # seconds for a peer to acknowledge one batch
 # How long a task waits for data (an unpack) or a failed peer (a transfer) before it
 # errs, unless a restart ends its run first (the scheduler restarts the shuffle when
 # a participant dies, and says so).
 WAIT_TIMEOUT = 120.0
-
-_RECORD = struct.Struct("<qBQI")  # input partition, payload kind, data length, buffers
-_LENGTH = struct.Struct("<Q")
 
 
 class StaleRun(Exception):
@@ -97,16 +97,17 @@ class RunData:
         self.directory = directory
         self.inputs: set[int] = set()  # input partitions whose pieces for us arrived
         self.chunks: dict[int, Chunk] = {}  # input partition -> in memory
-        self.files: dict[int, str] = {}  # output partition -> spill file
+        self.disk = SpillFiles(directory)
+        self.spilling = 0  # spill jobs of this run not yet done
+        self.spill_error: str | None = None
         self.taken: set[int] = set()  # output partitions unpacked (their data dropped)
-        self.nbytes = 0  # in memory
+        self.nbytes = 0  # in memory (counting chunks being written)
+        self.dropped = False
 
     def drop(self) -> None:
         self.chunks.clear()
-        self.nbytes = 0
-        if self.files:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.files.clear()
+        self.dropped = True
+        shutil.rmtree(self.directory, ignore_errors=True)  # (a spill job removes its own)
 
 
 class ShuffleService:
@@ -118,13 +119,15 @@ class ShuffleService:
         self.floor: dict[str, int] = {}  # shuffle id -> runs up to this are over
         self.key_runs: dict[Any, m.ShuffleRun] = {}  # task key -> the run it was sent for
         self.buffered = 0  # bytes in memory over all runs
+        self.spilling_bytes = 0  # of those, being written to disk
+        self._held_acks: list[tuple[Any, int]] = []  # (conn, request id): sent once spilled
+        self._spiller: concurrent.futures.ThreadPoolExecutor | None = None
         self.outgoing = 0  # bytes sent and not yet acknowledged
         self.stats: dict[tuple[str, int], list[int]] = {}  # (id, run) -> [sent, spilled]
         self.closed = False
         self.spilled_total = 0  # bytes written to disk, ever (for tests and diagnosis)
-        limit = worker.memory_limit * _env_number(
-            "SHOAL_SHUFFLE_BUFFER_FRACTION", DEFAULT_BUFFER_FRACTION
-        )
+        fraction = _env_number("SHOAL_SHUFFLE_BUFFER_FRACTION", DEFAULT_BUFFER_FRACTION)
+        limit = min(worker.memory_limit * fraction, DEFAULT_BUFFER_BYTES)
         self.buffer_limit = int(_env_number("SHOAL_SHUFFLE_BUFFER_BYTES", limit))
         self.send_limit = int(_env_number("SHOAL_SHUFFLE_SEND_LIMIT", DEFAULT_SEND_LIMIT))
 
@@ -159,6 +162,10 @@ class ShuffleService:
                 frame = loads_value(msg.payloads[0], buffers)
         nbytes = sum(memoryview(b).nbytes for b in buffers) + sum(len(p.data) for p in msg.payloads)
         self._store(msg.id, msg.run, msg.input_partition, msg.partitions, msg.counts, frame, nbytes)
+        with self.cond:
+            if self.spilling_bytes and self.buffered > self.buffer_limit:
+                self._held_acks.append((conn, msg.request_id))  # the sender waits for the disk
+                return
         conn.send(m.Ack(msg.request_id))
 
     def close(self) -> None:
@@ -167,7 +174,12 @@ class ShuffleService:
             for rd in self.runs.values():
                 rd.drop()
             self.runs.clear()
+            acks, self._held_acks = self._held_acks, []
             self.cond.notify_all()
+        for conn, request_id in acks:  # (senders are told; their data is gone anyway)
+            conn.send(m.Ack(request_id))
+        if self._spiller is not None:
+            self._spiller.shutdown(wait=False)
 
     # ---------------------------------------------------------------- task threads
 
@@ -187,6 +199,7 @@ class ShuffleService:
             if address == self.worker.address:
                 nbytes = sizeof(frame) if frame is not None else 0
                 self._store(info.id, info.run, input_partition, partitions, counts, frame, nbytes)
+                self.wait_for_room(info)
                 continue
             payloads: list[m.Payload] = []
             buffers: list[memoryview] = []
@@ -209,14 +222,14 @@ class ShuffleService:
             pending.append((address, fut, nbytes))
         self._flush(info, pending)
 
-    def take(self, info: m.ShuffleRun, partition: int, ninputs: int) -> list[tuple[int, Any]]:
-        """The pieces of output ``partition`` as (input partition, rows), in input order,
-        once every input's pieces have arrived here."""
+    def take(self, info: m.ShuffleRun, partition: int, ninputs: int) -> list[Any]:
+        """The rows of output ``partition`` from every input, as frames in input order,
+        once every input's pieces have arrived here (and none is being written)."""
         deadline = time.monotonic() + WAIT_TIMEOUT
         with self.cond:
             while True:
                 rd = self._current(info)
-                if rd is not None and len(rd.inputs) >= ninputs:
+                if rd is not None and len(rd.inputs) >= ninputs and not rd.spilling:
                     break
                 if time.monotonic() > deadline:
                     have = 0 if rd is None else len(rd.inputs)
@@ -226,6 +239,11 @@ class ShuffleService:
                         f"{WAIT_TIMEOUT:g}s"
                     )
                 self.cond.wait(0.5)
+            if rd.spill_error is not None:
+                raise RuntimeError(
+                    f"P2P shuffle {info.id} run {info.run}: could not spill to "
+                    f"{rd.directory}: {rd.spill_error}"
+                )
             if partition in rd.taken:
                 raise RuntimeError(
                     f"P2P shuffle {info.id} run {info.run}: output partition {partition} "
@@ -236,14 +254,11 @@ class ShuffleService:
             for i, chunk in rd.chunks.items():
                 if partition in chunk.offsets:
                     pieces.append((i, chunk.piece(partition)))
-            path = rd.files.pop(partition, None)
             self._forget_taken(rd)
-        if path is not None:
-            pieces.extend(self._read(path))
-            with contextlib.suppress(OSError):
-                os.remove(path)
+        # (no spill writes this partition any more: it is taken)
+        pieces.extend(rd.disk.read(partition))
         pieces.sort(key=lambda item: item[0])
-        return pieces
+        return to_frames(pieces, rd.disk.schema)
 
     def take_stats(self, info: m.ShuffleRun) -> tuple[int, int]:
         """(sent, spilled) bytes of this run since the last call."""
@@ -309,60 +324,71 @@ class ShuffleService:
                     self._spill()
             self.cond.notify_all()
 
+    def wait_for_room(self, info: m.ShuffleRun) -> None:
+        """Our own rows wait (as a peer's do for their acknowledgement) while the
+        buffer is over its limit and the spill thread is writing."""
+        with self.cond:
+            while self.spilling_bytes and self.buffered > self.buffer_limit:
+                self._check_live(info)
+                self.cond.wait(0.5)
+
     def _spill(self) -> None:
-        """Write the largest chunks to disk until the buffer is half full. Holds cond."""
+        """Hand the largest chunks to the spill thread until, once written, the buffer
+        is half full. Holds cond."""
+        target = self.buffer_limit // 2
         chunks = [
             (chunk.nbytes, rd, i) for rd in self.runs.values() for i, chunk in rd.chunks.items()
         ]
         chunks.sort(key=lambda c: -c[0])
+        jobs: dict[RunData, list[tuple[int, Chunk]]] = {}
         for nbytes, rd, i in chunks:
-            if self.buffered <= self.buffer_limit // 2:
+            if self.buffered - self.spilling_bytes <= target:
                 break
-            chunk = rd.chunks.pop(i)
-            os.makedirs(rd.directory, exist_ok=True)
-            written = 0
-            for p in chunk.offsets:
-                if p in rd.taken:
-                    continue
-                path = rd.files.setdefault(p, os.path.join(rd.directory, f"{p}.bin"))
-                written += self._write(path, i, chunk.piece(p))
-            rd.nbytes -= nbytes
-            self.buffered -= nbytes
-            self.stats.setdefault((rd.id, rd.run), [0, 0])[1] += written
-            self.spilled_total += written
+            jobs.setdefault(rd, []).append((i, rd.chunks.pop(i)))
+            self.spilling_bytes += nbytes
+        if self._spiller is None:
+            self._spiller = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="shoal-shuffle-spill"
+            )
+        for rd, job in jobs.items():
+            rd.spilling += 1
+            self._spiller.submit(self._write_chunks, rd, job)
 
-    @staticmethod
-    def _write(path: str, input_partition: int, piece: Any) -> int:
-        payload, buffers = dumps_value(piece)
-        parts: list[bytes | memoryview] = [
-            _RECORD.pack(input_partition, payload.kind, len(payload.data), len(buffers)),
-            payload.data,
-        ]
-        for b in buffers:
-            parts += [_LENGTH.pack(b.nbytes), b]
-        with open(path, "ab") as f:
-            f.writelines(parts)
-        return sum(memoryview(p).nbytes for p in parts)
-
-    def _read(self, path: str) -> list[tuple[int, Any]]:
-        with open(path, "rb") as f:
-            data = memoryview(f.read())
-        out = []
-        pos = 0
-        while pos < len(data):
-            i, kind, size, nbuffers = _RECORD.unpack_from(data, pos)
-            pos += _RECORD.size
-            body = bytes(data[pos : pos + size])
-            pos += size
-            buffers = []
-            for _ in range(nbuffers):
-                (n,) = _LENGTH.unpack_from(data, pos)
-                pos += _LENGTH.size
-                buffers.append(data[pos : pos + n])
-                pos += n
-            with self._lock:
-                out.append((i, loads_value(m.Payload(kind, body, nbuffers), buffers)))
-        return out
+    def _write_chunks(self, rd: RunData, job: list[tuple[int, Chunk]]) -> None:
+        """On the spill thread: write these chunks of ``rd``, then let go of them."""
+        with self.cond:
+            taken = set(rd.taken)
+        written, error = 0, None
+        try:
+            for i, chunk in job:
+                if rd.dropped:
+                    break
+                written += rd.disk.write(i, chunk.frame, chunk.offsets, taken)
+        except Exception as e:  # a full disk, a piece that cannot be pickled, ...
+            error = f"{type(e).__name__}: {e}"
+            logger.warning("shuffle %s run %s: spilling failed: %s", rd.id, rd.run, error)
+        nbytes = sum(chunk.nbytes for _, chunk in job)
+        with self.cond:
+            rd.spilling -= 1
+            self.spilling_bytes -= nbytes
+            if rd.dropped:  # (its bytes left the buffer then)
+                shutil.rmtree(rd.directory, ignore_errors=True)
+            else:
+                rd.nbytes -= nbytes
+                self.buffered -= nbytes
+                rd.spill_error = rd.spill_error or error
+                self.stats.setdefault((rd.id, rd.run), [0, 0])[1] += written
+                self.spilled_total += written
+            if self.buffered > self.buffer_limit:
+                self._spill()
+            acks: list[tuple[Any, int]] = []
+            if not self.spilling_bytes or self.buffered <= self.buffer_limit:
+                acks, self._held_acks = self._held_acks, []
+            self.cond.notify_all()
+        loop = self.worker._loop
+        for conn, request_id in acks:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(conn.send, m.Ack(request_id))
 
     def _forget_taken(self, rd: RunData) -> None:
         """Drop the chunks every output partition of which has been unpacked here."""

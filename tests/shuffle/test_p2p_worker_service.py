@@ -17,6 +17,7 @@ import pytest
 
 from shoal.protocol import messages as m
 from shoal.protocol.serialize import dumps_value
+from shoal.shuffle._disk import SpillFiles
 from shoal.shuffle._split import split_by_destination
 from shoal.shuffle._worker import ShuffleService, StaleRun
 
@@ -139,9 +140,7 @@ def test_pieces_spill_past_the_limit_and_unpack_in_input_order(loop, tmp_path, m
     assert os.listdir(service.runs["s"].directory)
     info = m.ShuffleRun("s", 1, [ME])
     for p in range(3):
-        pieces = service.take(info, p, ninputs=4)
-        assert [i for i, _ in pieces] == sorted(i for i, _ in pieces)
-        got = pd.concat([piece for _, piece in pieces])
+        got = pd.concat(service.take(info, p, ninputs=4))
         want = pd.concat([df[df["_partitions"] == p] for df in inputs]).drop(columns="_partitions")
         pd.testing.assert_frame_equal(got, want)
     with pytest.raises(RuntimeError, match="unpacked already"):
@@ -176,3 +175,83 @@ def test_older_runs_are_refused_and_their_waiters_woken(loop, tmp_path):
     assert "s" not in service.runs
     with pytest.raises(StaleRun):
         service.take(m.ShuffleRun("s", 7, [ME]), 0, ninputs=1)
+
+
+def plain_frame(n: int, partitions: int, seed: int = 0) -> pd.DataFrame:
+    """Columns Arrow holds exactly: spilled as Arrow batches."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "v": np.arange(n) + 1000 * seed,
+            "f": np.where(rng.random(n) < 0.1, np.nan, rng.random(n)),
+            "s": pd.array([None if i % 7 == 0 else f"s{i}" for i in range(n)], "string"),
+            "_partitions": rng.integers(0, partitions, n),
+        },
+        index=pd.date_range("2000", periods=n, freq="s", name="when") + pd.Timedelta(days=seed),
+    )
+
+
+def test_plain_frames_spill_as_arrow_and_come_back_equal(loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_SHUFFLE_BUFFER_BYTES", "25000")  # about 2.5 inputs
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), FakeConn()))  # type: ignore[arg-type]
+    inputs = [plain_frame(300, 4, seed=i) for i in range(5)]
+    for i, df in enumerate(inputs):
+        receive(service, 1, i, df, 4)
+    rd = service.runs["s"]
+    until(lambda: rd.spilling == 0)
+    assert rd.disk.arrow is True and service.spilled_total > 0
+    assert rd.chunks  # some pieces stayed in memory: unpacks merge both, in input order
+    info = m.ShuffleRun("s", 1, [ME])
+    for p in range(4):
+        frames = service.take(info, p, ninputs=5)
+        want = pd.concat([df[df["_partitions"] == p] for df in inputs]).drop(columns="_partitions")
+        pd.testing.assert_frame_equal(pd.concat(frames), want)
+    assert os.listdir(rd.directory) == []  # each file went with its partition
+
+
+def test_frames_arrow_cannot_hold_exactly_are_pickled(loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_SHUFFLE_BUFFER_BYTES", "2000")
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), FakeConn()))  # type: ignore[arg-type]
+    objects = [frame(200, 2, seed=i).astype({"s": object}) for i in range(3)]
+    for i, df in enumerate(objects):
+        receive(service, 1, i, df, 2)
+    rd = service.runs["s"]
+    until(lambda: rd.spilling == 0)
+    assert rd.disk.arrow is False and service.spilled_total > 0
+    frames = service.take(m.ShuffleRun("s", 1, [ME]), 1, ninputs=3)
+    want = pd.concat([df[df["_partitions"] == 1] for df in objects]).drop(columns="_partitions")
+    pd.testing.assert_frame_equal(pd.concat(frames), want)  # object stays object
+
+
+def test_acknowledgements_wait_while_the_disk_is_behind(loop, tmp_path, monkeypatch):
+    release = threading.Event()
+    real_write = SpillFiles.write
+
+    def slow_write(self: SpillFiles, *args: Any, **kwargs: Any) -> int:
+        release.wait(10)
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpillFiles, "write", slow_write)
+    messages = []
+    for i in range(3):
+        rows = split_by_destination(plain_frame(200, 2, seed=i), "_partitions", 2, [ME])[ME]
+        payload, buffers = dumps_value(rows[2])
+        msg = m.ShuffleData(i + 1, "s", 1, i, rows[0], rows[1], [payload])
+        messages.append((msg, [memoryview(bytes(b)) for b in buffers]))
+    size = sum(b.nbytes for b in messages[0][1]) + len(messages[0][0].payloads[0].data)
+    monkeypatch.setenv("SHOAL_SHUFFLE_BUFFER_BYTES", str(size * 3 // 2))
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), FakeConn()))  # type: ignore[arg-type]
+    conns = [FakeConn() for _ in range(3)]
+    for conn, (msg, buffers) in zip(conns, messages):
+        service.receive(conn, msg, buffers)
+    assert conns[0].sent == [m.Ack(1)]  # under the limit
+    assert conns[1].sent == conns[2].sent == []  # past it, while the spill thread writes
+    assert service.spilling_bytes > 0
+    release.set()
+    until(lambda: all(c.sent for c in conns))
+    assert [c.sent for c in conns] == [[m.Ack(1)], [m.Ack(2)], [m.Ack(3)]]
+    until(lambda: service.runs["s"].spilling == 0)
+    frames = service.take(m.ShuffleRun("s", 1, [ME]), 0, ninputs=3)
+    assert sum(len(f) for f in frames) == sum(
+        int((plain_frame(200, 2, seed=i)["_partitions"] == 0).sum()) for i in range(3)
+    )

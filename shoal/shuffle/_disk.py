@@ -1,0 +1,167 @@
+"""The pieces of one shuffle run that a worker spilled: one append-only file per output
+partition, read back (and removed) by that partition's unpack.
+
+A chunk (one input partition's rows for this worker, grouped by output partition) is
+written as one Arrow record batch per output partition: the chunk is converted once,
+each piece is a zero-copy slice, and the unpack turns all of a partition's batches into
+one frame with a single ``to_pandas``. Arrow is used only for a run whose frames make
+the round trip unchanged (same columns, dtypes and index): frames it cannot hold
+exactly (categoricals, objects it would convert, ...) are pickled piece by piece.
+
+Record: input partition, format (Arrow or pickle), payload kind, body length, buffer
+count; then the body, then each out-of-band buffer with its length (pickles only).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Container
+from typing import Any
+
+from shoal.protocol import messages as m
+from shoal.protocol.serialize import dumps_value, loads_value
+
+_RECORD = struct.Struct("<qBBQI")  # input partition, format, payload kind, body length, buffers
+_LENGTH = struct.Struct("<Q")
+ARROW, PICKLE = 1, 2
+
+
+class SpillFiles:
+    """The spill files of one run on this worker. Written by one thread at a time (the
+    service's spill thread); a partition is read only once no spill of the run is in
+    progress."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.paths: dict[int, str] = {}  # output partition -> its file
+        self.schema: Any = None  # of every Arrow batch written in this run
+        self.arrow: bool | None = None  # None: not yet tried
+
+    def write(
+        self,
+        input_partition: int,
+        frame: Any,
+        offsets: dict[int, tuple[int, int]],
+        skip: Container[int] = (),
+    ) -> int:
+        """Append each output partition's rows of ``frame`` (rows ``lo:hi`` of it) to
+        that partition's file, except the partitions in ``skip``. Returns the bytes
+        written."""
+        os.makedirs(self.directory, exist_ok=True)
+        batch = self._to_arrow(frame)
+        written = 0
+        for p, (lo, hi) in offsets.items():
+            if p in skip or hi == lo:
+                continue
+            if batch is not None:
+                body = batch.slice(lo, hi - lo).serialize()
+                parts: list[Any] = [_RECORD.pack(input_partition, ARROW, 0, body.size, 0), body]
+            else:
+                payload, buffers = dumps_value(frame.iloc[lo:hi])
+                parts = [
+                    _RECORD.pack(
+                        input_partition, PICKLE, payload.kind, len(payload.data), len(buffers)
+                    ),
+                    payload.data,
+                ]
+                for b in buffers:
+                    parts += [_LENGTH.pack(b.nbytes), b]
+            path = self.paths.setdefault(p, os.path.join(self.directory, f"{p}.bin"))
+            with open(path, "ab") as f:
+                f.writelines(parts)
+            written += sum(memoryview(x).nbytes for x in parts)
+        return written
+
+    def read(self, partition: int) -> list[tuple[int, Any]]:
+        """The pieces of ``partition`` as (input partition, Arrow batch or frame), and
+        its file removed."""
+        path = self.paths.pop(partition, None)
+        if path is None:
+            return []
+        with open(path, "rb") as f:
+            data = memoryview(f.read())
+        os.remove(path)
+        pieces: list[tuple[int, Any]] = []
+        pos = 0
+        while pos < len(data):
+            i, fmt, kind, size, nbuffers = _RECORD.unpack_from(data, pos)
+            pos += _RECORD.size
+            body = data[pos : pos + size]
+            pos += size
+            if fmt == ARROW:
+                import pyarrow as pa
+
+                pieces.append((i, pa.ipc.read_record_batch(pa.py_buffer(body), self.schema)))
+                continue
+            buffers = []
+            for _ in range(nbuffers):
+                (n,) = _LENGTH.unpack_from(data, pos)
+                pos += _LENGTH.size
+                buffers.append(data[pos : pos + n])
+                pos += n
+            payload = m.Payload(kind, bytes(body), nbuffers)
+            pieces.append((i, loads_value(payload, buffers)))
+        return pieces
+
+    def _to_arrow(self, frame: Any) -> Any:
+        """``frame`` as one Arrow record batch, or None to pickle it."""
+        if self.arrow is False:
+            return None
+        try:
+            import pyarrow as pa
+
+            batch = pa.RecordBatch.from_pandas(frame, preserve_index=True)
+        except Exception:  # (pyarrow missing, or a column it cannot hold)
+            return None
+        if self.schema is None:
+            self.arrow = _round_trips(frame, batch)
+            if not self.arrow:
+                return None
+            self.schema = batch.schema
+            return batch
+        return batch if batch.schema.equals(self.schema) else None
+
+
+def _round_trips(frame: Any, batch: Any) -> bool:
+    """Whether ``frame``'s rows come back from ``batch`` (serialised, as on disk) with
+    the same columns, dtypes and index."""
+    import pyarrow as pa
+
+    if any(pa.types.is_dictionary(field.type) for field in batch.schema):
+        return False  # a batch's bytes carry no dictionary
+    try:
+        sample = batch.slice(0, min(len(frame), 3))
+        back = pa.ipc.read_record_batch(sample.serialize(), batch.schema).to_pandas()
+    except Exception:
+        return False
+    index, back_index = frame.index, back.index
+    return bool(
+        list(back.columns) == list(frame.columns)
+        and back.dtypes.equals(frame.dtypes)
+        and type(back_index) is type(index)
+        and back_index.dtype == index.dtype
+        and list(back_index.names) == list(index.names)
+    )
+
+
+def to_frames(pieces: list[tuple[int, Any]], schema: Any) -> list[Any]:
+    """Frames of ``pieces`` (sorted by input partition): each run of consecutive Arrow
+    batches (of ``schema``; None: there are none) becomes one frame."""
+    if schema is None:
+        return [piece for _, piece in pieces]
+    import pyarrow as pa
+
+    frames: list[Any] = []
+    batches: list[Any] = []
+    for _, piece in pieces:
+        if isinstance(piece, pa.RecordBatch):
+            batches.append(piece)
+            continue
+        if batches:
+            frames.append(pa.Table.from_batches(batches, schema).to_pandas())
+            batches = []
+        frames.append(piece)
+    if batches:
+        frames.append(pa.Table.from_batches(batches, schema).to_pandas())
+    return frames

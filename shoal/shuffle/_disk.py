@@ -111,7 +111,7 @@ class SpillFiles:
         try:
             import pyarrow as pa
 
-            batch = pa.RecordBatch.from_pandas(frame, preserve_index=True)
+            batch = pa.RecordBatch.from_pandas(frame, preserve_index=True, nthreads=1)
         except Exception:  # (pyarrow missing, or a column it cannot hold)
             return None
         if self.schema is None:

@@ -3,9 +3,13 @@
 Transfer tasks (on task threads) hand it the rows of their input partition for each
 participant; it sends them worker to worker (``ShuffleData``, one message per
 destination, answered by ``Ack``) over the worker's peer connections. A transfer waits
-while this worker's unacknowledged bytes pass ``send_limit`` (back-pressure), and
-returns once every one of its pieces is acknowledged, so when the barrier runs every
-piece has arrived.
+while this worker's unacknowledged bytes pass ``send_limit`` (back-pressure) and
+returns once its pieces are on their way, so the thread goes on with the next input
+while they travel. Every transfer sends every participant one message (empty if it
+has no rows for it): an unpack knows all its pieces are there once it has one from
+each input partition, whatever the barrier saw. A send that fails for good (after a
+retry on a fresh connection) errs the next transfer or unpack of that run here,
+unless the scheduler restarts the shuffle first (a participant died).
 
 Received pieces stay in memory, by run, up to ``buffer_limit`` bytes (over every
 shuffle; by default a quarter of the memory limit, at most 32 MiB); past it a spill
@@ -123,6 +127,8 @@ class ShuffleService:
         self._held_acks: list[tuple[Any, int]] = []  # (conn, request id): sent once spilled
         self._spiller: concurrent.futures.ThreadPoolExecutor | None = None
         self.outgoing = 0  # bytes sent and not yet acknowledged
+        # (id, run) -> sends not yet known to have succeeded: (destination, future)
+        self.sending: dict[tuple[str, int], list[tuple[str, concurrent.futures.Future[None]]]] = {}
         self.stats: dict[tuple[str, int], list[int]] = {}  # (id, run) -> [sent, spilled]
         self.closed = False
         self.spilled_total = 0  # bytes written to disk, ever (for tests and diagnosis)
@@ -151,6 +157,7 @@ class ShuffleService:
             if rd is not None and rd.run <= run:
                 self._drop(rd)
             self.key_runs = {k: v for k, v in self.key_runs.items() if v.id != shuffle_id}
+            self.sending = {k: v for k, v in self.sending.items() if k[0] != shuffle_id}
             self.cond.notify_all()
 
     def receive(self, conn: Any, msg: m.ShuffleData, buffers: list[memoryview]) -> None:
@@ -191,10 +198,12 @@ class ShuffleService:
         self, info: m.ShuffleRun, input_partition: int, batches: dict[str, tuple[Any, ...]]
     ) -> None:
         """Send each participant its rows of ``input_partition`` (our own are kept
-        here); return once all are acknowledged. Raises StaleRun if the run ends."""
+        here); return once they are on their way. Raises StaleRun if the run ends, and
+        the error of an earlier send of this run that failed for good."""
         loop = self.worker._loop
         assert loop is not None
-        pending: list[tuple[str, concurrent.futures.Future[None], int]] = []
+        self._check_sends(info)
+        pending: list[tuple[str, concurrent.futures.Future[None]]] = []
         for address, (partitions, counts, frame) in batches.items():
             if address == self.worker.address:
                 nbytes = sizeof(frame) if frame is not None else 0
@@ -219,12 +228,14 @@ class ShuffleService:
 
             fut = asyncio.run_coroutine_threadsafe(self._send(address, make, buffers), loop)
             fut.add_done_callback(functools.partial(self._acknowledged, nbytes))
-            pending.append((address, fut, nbytes))
-        self._flush(info, pending)
+            pending.append((address, fut))
+        with self.cond:
+            self.sending.setdefault((info.id, info.run), []).extend(pending)
 
     def take(self, info: m.ShuffleRun, partition: int, ninputs: int) -> list[Any]:
         """The rows of output ``partition`` from every input, as frames in input order,
         once every input's pieces have arrived here (and none is being written)."""
+        self._check_sends(info)
         deadline = time.monotonic() + WAIT_TIMEOUT
         with self.cond:
             while True:
@@ -286,6 +297,7 @@ class ShuffleService:
         return rd
 
     def _drop(self, rd: RunData) -> None:
+        self.sending.pop((rd.id, rd.run), None)
         self.buffered -= rd.nbytes
         rd.drop()
         if self.runs.get(rd.id) is rd:
@@ -419,26 +431,26 @@ class ShuffleService:
         if info.run <= self.floor.get(info.id, 0) or (rd is not None and rd.run > info.run):
             raise StaleRun(f"P2P shuffle {info.id} run {info.run} was replaced or ended")
 
-    def _flush(
-        self, info: m.ShuffleRun, pending: list[tuple[str, concurrent.futures.Future[None], int]]
-    ) -> None:
-        """Wait for every acknowledgement. A peer that fails is, most likely, dying:
-        wait for the scheduler to restart the shuffle (StaleRun) for a while."""
+    def _check_sends(self, info: m.ShuffleRun) -> None:
+        """Raise the error of a send of this run that failed for good. A peer that
+        fails is, most likely, dying: wait a while for the scheduler to restart the
+        shuffle (StaleRun) first."""
+        key = (info.id, info.run)
         failed_at: float | None = None
         with self.cond:
             while True:
                 self._check_live(info)
-                if all(f.done() for _, f, _ in pending):
-                    errors = [(a, f.exception()) for a, f, _ in pending if f.exception()]
-                    if not errors:
-                        return
-                    failed_at = failed_at or time.monotonic()
-                    if time.monotonic() - failed_at > WAIT_TIMEOUT:
-                        address, exc = errors[0]
-                        raise RuntimeError(
-                            f"P2P shuffle {info.id} run {info.run}: could not send to "
-                            f"{address}: {exc}"
-                        ) from exc
+                sends = self.sending.get(key, [])
+                errors = [(a, f.exception()) for a, f in sends if f.done() and f.exception()]
+                if not errors:
+                    self.sending[key] = [(a, f) for a, f in sends if not f.done()]
+                    return
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at > WAIT_TIMEOUT:
+                    address, exc = errors[0]
+                    raise RuntimeError(
+                        f"P2P shuffle {info.id} run {info.run}: could not send to {address}: {exc}"
+                    ) from exc
                 self.cond.wait(0.5)
 
     async def _send(

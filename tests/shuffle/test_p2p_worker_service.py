@@ -106,12 +106,11 @@ def test_a_transfer_waits_while_too_many_bytes_are_unacknowledged(loop, tmp_path
     assert service.outgoing > 0
     loop.call_soon_threadsafe(conn.requests[0][1].set)
     until(lambda: len(conn.requests) == 2)
-    time.sleep(0.1)
-    assert not done.is_set()  # it returns only once everything is acknowledged
-    loop.call_soon_threadsafe(conn.requests[1][1].set)
-    until(done.is_set)
+    until(done.is_set)  # it returns once its pieces are on their way
     thread.join(5)
-    assert service.outgoing == 0
+    assert service.outgoing > 0
+    loop.call_soon_threadsafe(conn.requests[1][1].set)
+    until(lambda: service.outgoing == 0)
     assert {msg.id for msg, _ in conn.requests} == {"s"}
     # our own rows stayed here, without a trip through the network
     assert service.runs["s"].inputs == {0}
@@ -136,6 +135,7 @@ def test_pieces_spill_past_the_limit_and_unpack_in_input_order(loop, tmp_path, m
     for i, df in enumerate(inputs):
         receive(service, 1, i, df, 3)
     receive(service, 1, 2, inputs[2], 3)  # a transfer that ran twice: counted once
+    until(lambda: service.runs["s"].spilling == 0)  # (the spill thread writes)
     assert service.spilled_total > 0
     assert os.listdir(service.runs["s"].directory)
     info = m.ShuffleRun("s", 1, [ME])
@@ -255,3 +255,23 @@ def test_acknowledgements_wait_while_the_disk_is_behind(loop, tmp_path, monkeypa
     assert sum(len(f) for f in frames) == sum(
         int((plain_frame(200, 2, seed=i)["_partitions"] == 0).sum()) for i in range(3)
     )
+
+
+class FailingPeers:
+    async def get(self, address: str) -> Any:
+        raise OSError(f"connection to {address} refused")
+
+
+def test_a_send_that_fails_for_good_errs_the_next_transfer_and_unpack(loop, tmp_path, monkeypatch):
+    monkeypatch.setattr("shoal.shuffle._worker.WAIT_TIMEOUT", 0.5)  # no restart comes
+    worker = FakeWorker(loop, str(tmp_path), FakeConn())
+    worker._peers = FailingPeers()  # type: ignore[assignment]
+    service = ShuffleService(worker)  # type: ignore[arg-type]
+    info = m.ShuffleRun("s", 1, [ME, PEER1])
+    batches = split_by_destination(frame(100, 2), "_partitions", 2, info.participants)
+    service.send(info, 0, batches)  # on its way: the failure is not known yet
+    until(lambda: all(f.done() for _, f in service.sending[("s", 1)]))
+    with pytest.raises(RuntimeError, match="could not send to tcp://p1:1: connection"):
+        service.send(info, 1, batches)
+    with pytest.raises(RuntimeError, match="could not send to tcp://p1:1"):
+        service.take(info, 0, ninputs=2)

@@ -14,6 +14,7 @@ from shoal.deploy.adaptive import Adaptive
 from shoal.deploy.local import LocalCluster
 from shoal.protocol.errors import KilledWorker, TaskInterrupted
 from shoal.protocol.serialize import SerializationError
+from shoal.shuffle import DiskShuffleRefused
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "Adaptive",
     "CancelledError",
     "Client",
+    "DiskShuffleRefused",
     "Future",
     "KilledWorker",
     "LocalCluster",

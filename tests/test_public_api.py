@@ -6,6 +6,7 @@ EXPECTED = [
     "Adaptive",
     "CancelledError",
     "Client",
+    "DiskShuffleRefused",
     "Future",
     "KilledWorker",
     "LocalCluster",

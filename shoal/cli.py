@@ -383,6 +383,10 @@ def worker(
         return
 
     log = logging.getLogger("shoal.worker")
+    # Arrow buffers (pyarrow-backed strings, shuffles) from the C library's allocator,
+    # which gives freed memory back, rather than mimalloc, which keeps it: a worker's
+    # RSS is what its memory limit and the memory monitor act on. Yours wins if set.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
     def make_worker() -> Worker:
         return Worker(

@@ -55,7 +55,7 @@ class SpillFiles:
             if p in skip or hi == lo:
                 continue
             if batch is not None:
-                body = batch.slice(lo, hi - lo).serialize()
+                body = batch.slice(lo, hi - lo).serialize(memory_pool=_pool())
                 parts: list[Any] = [_RECORD.pack(input_partition, ARROW, 0, body.size, 0), body]
             else:
                 payload, buffers = dumps_value(frame.iloc[lo:hi])
@@ -152,6 +152,8 @@ def to_frames(pieces: list[tuple[int, Any]], schema: Any) -> list[Any]:
         return [piece for _, piece in pieces]
     import pyarrow as pa
 
+    pool = _pool()
+
     frames: list[Any] = []
     batches: list[Any] = []
     for _, piece in pieces:
@@ -159,9 +161,17 @@ def to_frames(pieces: list[tuple[int, Any]], schema: Any) -> list[Any]:
             batches.append(piece)
             continue
         if batches:
-            frames.append(pa.Table.from_batches(batches, schema).to_pandas())
+            frames.append(pa.Table.from_batches(batches, schema).to_pandas(memory_pool=pool))
             batches = []
         frames.append(piece)
     if batches:
-        frames.append(pa.Table.from_batches(batches, schema).to_pandas())
+        frames.append(pa.Table.from_batches(batches, schema).to_pandas(memory_pool=pool))
     return frames
+
+
+def _pool() -> Any:
+    """The allocator of the buffers made here: the C library's, which gives freed memory
+    back; Arrow's default (mimalloc) keeps it, ~50 MB more peak RSS in a shuffle."""
+    import pyarrow as pa
+
+    return pa.system_memory_pool()

@@ -210,6 +210,19 @@ def test_events_record_start_and_finish(client):
     assert finishes[-1]["id"] == starts[-1]["id"] and finishes[-1]["bytes_moved"] > 0
 
 
+def arrow_pool() -> str:
+    import pyarrow as pa
+
+    return pa.default_memory_pool().backend_name
+
+
+def test_workers_allocate_arrow_buffers_with_the_c_library(client):
+    """(which gives freed memory back: mimalloc keeps it, and the worker's RSS grows)"""
+    workers = list(client.scheduler_info()["workers"])
+    pools = client.gather([client.submit(arrow_pool, workers=[w], pure=False) for w in workers])
+    assert pools == ["system"] * len(workers)
+
+
 # ------------------------------------------------------------------------ spilling
 
 

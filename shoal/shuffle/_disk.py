@@ -1,5 +1,6 @@
-"""The pieces of one shuffle run that a worker spilled: one append-only file per output
-partition, read back (and removed) by that partition's unpack.
+"""The pieces of one shuffle run that a worker spilled: one append-only file, each
+output partition's records found by their offsets and read back by its unpack (the file
+goes with the run).
 
 A chunk (one input partition's rows for this worker, grouped by output partition) is
 written as one Arrow record batch per output partition: the chunk is converted once,
@@ -25,18 +26,24 @@ from shoal.protocol.serialize import dumps_value, loads_value
 _RECORD = struct.Struct("<qBBQI")  # input partition, format, payload kind, body length, buffers
 _LENGTH = struct.Struct("<Q")
 ARROW, PICKLE = 1, 2
+_IOV_MAX = 1024  # buffers one writev takes (Linux's limit)
 
 
 class SpillFiles:
-    """The spill files of one run on this worker. Written by one thread at a time (the
-    service's spill thread); a partition is read only once no spill of the run is in
-    progress."""
+    """The spilled pieces of one run on this worker, in one append-only file: a chunk's
+    pieces go in with one ``writev``, and each output partition's records are found by
+    their offsets. Written by one thread at a time (the service's spill thread), which
+    also closes it; a partition is read only once no spill of the run is in progress,
+    and never written after it was read."""
 
     def __init__(self, directory: str):
         self.directory = directory
-        self.paths: dict[int, str] = {}  # output partition -> its file
+        self.path = os.path.join(directory, "spill.bin")
+        self.records: dict[int, list[tuple[int, int]]] = {}  # partition -> (offset, length)
         self.schema: Any = None  # of every Arrow batch written in this run
         self.arrow: bool | None = None  # None: not yet tried
+        self._fd: int | None = None
+        self._end = 0  # bytes in the file
 
     def write(
         self,
@@ -45,64 +52,70 @@ class SpillFiles:
         offsets: dict[int, tuple[int, int]],
         skip: Container[int] = (),
     ) -> int:
-        """Append each output partition's rows of ``frame`` (rows ``lo:hi`` of it) to
-        that partition's file, except the partitions in ``skip``. Returns the bytes
-        written."""
-        os.makedirs(self.directory, exist_ok=True)
+        """Append each output partition's rows of ``frame`` (rows ``lo:hi`` of it),
+        except the partitions in ``skip``. Returns the bytes written."""
         batch = self._to_arrow(frame)
-        written = 0
+        parts: list[Any] = []
+        placed: list[tuple[int, int, int]] = []  # partition, offset, length
+        end = self._end
         for p, (lo, hi) in offsets.items():
             if p in skip or hi == lo:
                 continue
             if batch is not None:
                 body = batch.slice(lo, hi - lo).serialize(memory_pool=_pool())
-                parts: list[Any] = [_RECORD.pack(input_partition, ARROW, 0, body.size, 0), body]
+                record: list[Any] = [_RECORD.pack(input_partition, ARROW, 0, body.size, 0), body]
             else:
                 payload, buffers = dumps_value(frame.iloc[lo:hi])
-                parts = [
+                record = [
                     _RECORD.pack(
                         input_partition, PICKLE, payload.kind, len(payload.data), len(buffers)
                     ),
                     payload.data,
                 ]
                 for b in buffers:
-                    parts += [_LENGTH.pack(b.nbytes), b]
-            path = self.paths.setdefault(p, os.path.join(self.directory, f"{p}.bin"))
-            with open(path, "ab") as f:
-                f.writelines(parts)
-            written += sum(memoryview(x).nbytes for x in parts)
+                    record += [_LENGTH.pack(b.nbytes), b]
+            size = sum(memoryview(x).nbytes for x in record)
+            placed.append((p, end, size))
+            parts += record
+            end += size
+        if not parts:
+            return 0
+        self._append(parts)
+        for p, offset, size in placed:
+            self.records.setdefault(p, []).append((offset, size))
+        written, self._end = end - self._end, end
         return written
 
     def read(self, partition: int) -> list[tuple[int, Any]]:
-        """The pieces of ``partition`` as (input partition, Arrow batch or frame), and
-        its file removed."""
-        path = self.paths.pop(partition, None)
-        if path is None:
+        """The pieces of ``partition`` as (input partition, Arrow batch or frame)."""
+        ranges = self.records.pop(partition, None)
+        if not ranges:
             return []
-        with open(path, "rb") as f:
-            data = memoryview(f.read())
-        os.remove(path)
-        pieces: list[tuple[int, Any]] = []
-        pos = 0
-        while pos < len(data):
-            i, fmt, kind, size, nbuffers = _RECORD.unpack_from(data, pos)
-            pos += _RECORD.size
-            body = data[pos : pos + size]
-            pos += size
-            if fmt == ARROW:
-                import pyarrow as pa
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            blobs = [os.pread(fd, size, offset) for offset, size in ranges]
+        finally:
+            os.close(fd)
+        return [_parse(memoryview(blob), self.schema) for blob in blobs]
 
-                pieces.append((i, pa.ipc.read_record_batch(pa.py_buffer(body), self.schema)))
-                continue
-            buffers = []
-            for _ in range(nbuffers):
-                (n,) = _LENGTH.unpack_from(data, pos)
-                pos += _LENGTH.size
-                buffers.append(data[pos : pos + n])
-                pos += n
-            payload = m.Payload(kind, bytes(body), nbuffers)
-            pieces.append((i, loads_value(payload, buffers)))
-        return pieces
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _append(self, parts: list[Any]) -> None:
+        if self._fd is None:
+            os.makedirs(self.directory, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+            self._fd = os.open(self.path, flags, 0o600)
+        views = [memoryview(x).cast("B") for x in parts]
+        while views:
+            n = os.writev(self._fd, views[:_IOV_MAX])
+            while views and n >= views[0].nbytes:  # (a write may stop short)
+                n -= views[0].nbytes
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
 
     def _to_arrow(self, frame: Any) -> Any:
         """``frame`` as one Arrow record batch, or None to pickle it."""
@@ -121,6 +134,25 @@ class SpillFiles:
             self.schema = batch.schema
             return batch
         return batch if batch.schema.equals(self.schema) else None
+
+
+def _parse(data: memoryview, schema: Any) -> tuple[int, Any]:
+    """One record: (input partition, Arrow batch or frame)."""
+    i, fmt, kind, size, nbuffers = _RECORD.unpack_from(data, 0)
+    pos = _RECORD.size
+    body = data[pos : pos + size]
+    pos += size
+    if fmt == ARROW:
+        import pyarrow as pa
+
+        return i, pa.ipc.read_record_batch(pa.py_buffer(body), schema)
+    buffers = []
+    for _ in range(nbuffers):
+        (n,) = _LENGTH.unpack_from(data, pos)
+        pos += _LENGTH.size
+        buffers.append(data[pos : pos + n])
+        pos += n
+    return i, loads_value(m.Payload(kind, bytes(body), nbuffers), buffers)
 
 
 def _round_trips(frame: Any, batch: Any) -> bool:

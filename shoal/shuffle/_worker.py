@@ -111,6 +111,8 @@ class RunData:
     def drop(self) -> None:
         self.chunks.clear()
         self.dropped = True
+        if not self.spilling:  # (else the last spill job closes the file)
+            self.disk.close()
         shutil.rmtree(self.directory, ignore_errors=True)  # (a spill job removes its own)
 
 
@@ -352,19 +354,17 @@ class ShuffleService:
             (chunk.nbytes, rd, i) for rd in self.runs.values() for i, chunk in rd.chunks.items()
         ]
         chunks.sort(key=lambda c: -c[0])
-        jobs: dict[RunData, list[tuple[int, Chunk]]] = {}
-        for nbytes, rd, i in chunks:
-            if self.buffered - self.spilling_bytes <= target:
-                break
-            jobs.setdefault(rd, []).append((i, rd.chunks.pop(i)))
-            self.spilling_bytes += nbytes
         if self._spiller is None:
             self._spiller = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="shoal-shuffle-spill"
             )
-        for rd, job in jobs.items():
+        for nbytes, rd, i in chunks:
+            if self.buffered - self.spilling_bytes <= target:
+                break
+            self.spilling_bytes += nbytes
             rd.spilling += 1
-            self._spiller.submit(self._write_chunks, rd, job)
+            # (a chunk a job: whoever waits for room goes on after the first)
+            self._spiller.submit(self._write_chunks, rd, [(i, rd.chunks.pop(i))])
 
     def _write_chunks(self, rd: RunData, job: list[tuple[int, Chunk]]) -> None:
         """On the spill thread: write these chunks of ``rd``, then let go of them."""
@@ -384,6 +384,8 @@ class ShuffleService:
             rd.spilling -= 1
             self.spilling_bytes -= nbytes
             if rd.dropped:  # (its bytes left the buffer then)
+                if not rd.spilling:
+                    rd.disk.close()
                 shutil.rmtree(rd.directory, ignore_errors=True)
             else:
                 rd.nbytes -= nbytes

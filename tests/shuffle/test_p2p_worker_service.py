@@ -206,7 +206,9 @@ def test_plain_frames_spill_as_arrow_and_come_back_equal(loop, tmp_path, monkeyp
         frames = service.take(info, p, ninputs=5)
         want = pd.concat([df[df["_partitions"] == p] for df in inputs]).drop(columns="_partitions")
         pd.testing.assert_frame_equal(pd.concat(frames), want)
-    assert os.listdir(rd.directory) == []  # each file went with its partition
+    assert os.listdir(rd.directory) == ["spill.bin"]
+    service.on_forget("s", 1)
+    assert not os.path.exists(rd.directory)  # the file goes with the run
 
 
 def test_frames_arrow_cannot_hold_exactly_are_pickled(loop, tmp_path, monkeypatch):

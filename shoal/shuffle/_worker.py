@@ -268,11 +268,6 @@ class ShuffleService:
                 if partition in chunk.offsets:
                     pieces.append((i, chunk.piece(partition)))
             self._forget_taken(rd)
-            if rd.nbytes > self.buffer_limit // 4:
-                # Unpacks have begun: the rest goes to disk now, so that memory frees
-                # partition by partition rather than with the last one.
-                for i in list(rd.chunks):
-                    self._spill_chunk(rd, i)
         # (no spill writes this partition any more: it is taken)
         pieces.extend(rd.disk.read(partition))
         pieces.sort(key=lambda item: item[0])
@@ -359,22 +354,17 @@ class ShuffleService:
             (chunk.nbytes, rd, i) for rd in self.runs.values() for i, chunk in rd.chunks.items()
         ]
         chunks.sort(key=lambda c: -c[0])
-        for _, rd, i in chunks:
-            if self.buffered - self.spilling_bytes <= target:
-                break
-            self._spill_chunk(rd, i)
-
-    def _spill_chunk(self, rd: RunData, i: int) -> None:
-        """Hand chunk ``i`` of ``rd`` to the spill thread (a chunk a job: whoever waits
-        for room goes on after the first). Holds cond."""
         if self._spiller is None:
             self._spiller = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="shoal-shuffle-spill"
             )
-        chunk = rd.chunks.pop(i)
-        self.spilling_bytes += chunk.nbytes
-        rd.spilling += 1
-        self._spiller.submit(self._write_chunks, rd, [(i, chunk)])
+        for nbytes, rd, i in chunks:
+            if self.buffered - self.spilling_bytes <= target:
+                break
+            self.spilling_bytes += nbytes
+            rd.spilling += 1
+            # (a chunk a job: whoever waits for room goes on after the first)
+            self._spiller.submit(self._write_chunks, rd, [(i, rd.chunks.pop(i))])
 
     def _write_chunks(self, rd: RunData, job: list[tuple[int, Chunk]]) -> None:
         """On the spill thread: write these chunks of ``rd``, then let go of them."""

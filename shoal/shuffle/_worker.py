@@ -91,6 +91,27 @@ class Chunk:
         lo, hi = self.offsets[partition]
         return self.frame.iloc[lo:hi]
 
+    def compact(self, taken: set[int]) -> int:
+        """Once at most half its rows are still to be unpacked, copy those out and let
+        the rest go (memory frees as the unpacks go, not with the last one). Returns
+        the bytes let go."""
+        keep = [(p, lo, hi) for p, (lo, hi) in self.offsets.items() if p not in taken]
+        rows = sum(hi - lo for _, lo, hi in keep)
+        total = len(self.frame)
+        if not keep or rows * 2 > total:
+            return 0
+        import numpy as np
+
+        index = np.concatenate([np.arange(lo, hi) for _, lo, hi in keep])
+        self.frame = self.frame.take(index)
+        self.offsets, start = {}, 0
+        for p, lo, hi in keep:
+            self.offsets[p] = (start, start + hi - lo)
+            start += hi - lo
+        freed = self.nbytes - self.nbytes * rows // total
+        self.nbytes -= freed
+        return freed
+
 
 class RunData:
     """What this worker holds of one run of one shuffle."""
@@ -405,11 +426,15 @@ class ShuffleService:
                 loop.call_soon_threadsafe(conn.send, m.Ack(request_id))
 
     def _forget_taken(self, rd: RunData) -> None:
-        """Drop the chunks every output partition of which has been unpacked here."""
-        for i in [i for i, c in rd.chunks.items() if rd.taken.issuperset(c.offsets)]:
-            chunk = rd.chunks.pop(i)
-            rd.nbytes -= chunk.nbytes
-            self.buffered -= chunk.nbytes
+        """Drop the chunks every output partition of which has been unpacked here, and
+        shrink those mostly unpacked."""
+        for i, chunk in list(rd.chunks.items()):
+            if rd.taken.issuperset(chunk.offsets):
+                freed = rd.chunks.pop(i).nbytes
+            else:
+                freed = chunk.compact(rd.taken)
+            rd.nbytes -= freed
+            self.buffered -= freed
 
     def _reserve(self, info: m.ShuffleRun, nbytes: int) -> None:
         """Back-pressure: wait while too many bytes are unacknowledged."""

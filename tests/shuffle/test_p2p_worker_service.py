@@ -19,7 +19,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.serialize import dumps_value
 from shoal.shuffle._disk import SpillFiles
 from shoal.shuffle._split import split_by_destination
-from shoal.shuffle._worker import ShuffleService, StaleRun
+from shoal.shuffle._worker import Chunk, ShuffleService, StaleRun
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,3 +277,14 @@ def test_a_send_that_fails_for_good_errs_the_next_transfer_and_unpack(loop, tmp_
         service.send(info, 1, batches)
     with pytest.raises(RuntimeError, match="could not send to tcp://p1:1"):
         service.take(info, 0, ninputs=2)
+
+
+def test_a_chunk_mostly_unpacked_lets_go_of_those_rows():
+    df = plain_frame(400, 4).drop(columns="_partitions")
+    counts = [100, 100, 100, 100]
+    chunk = Chunk(df, [0, 1, 2, 3], counts, nbytes=4000)
+    assert chunk.compact({0}) == 0  # three quarters still to come: kept as it is
+    assert chunk.compact({0, 2}) == 2000
+    assert chunk.nbytes == 2000 and len(chunk.frame) == 200
+    pd.testing.assert_frame_equal(chunk.piece(1), df.iloc[100:200], check_freq=False)
+    pd.testing.assert_frame_equal(chunk.piece(3), df.iloc[300:400], check_freq=False)

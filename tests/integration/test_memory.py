@@ -5,6 +5,7 @@ to the scheduler and dropped while the worker keeps working."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -69,6 +70,16 @@ def spill_files(root: Path) -> list[Path]:
     return list(root.rglob("*.spill"))
 
 
+def written(root: Path, size: int, n: int) -> list[Path] | None:
+    """At least ``n`` spill files of more than ``size`` bytes, or None."""
+    done = []
+    for f in spill_files(root):
+        with contextlib.suppress(FileNotFoundError):  # (read back meanwhile)
+            if f.stat().st_size > size:
+                done.append(f)
+    return done if len(done) >= n else None
+
+
 @pytest.mark.timeout(60)
 def test_results_past_the_target_go_to_disk_and_come_back(tmp_path: Path) -> None:
     with (
@@ -80,9 +91,9 @@ def test_results_past_the_target_go_to_disk_and_come_back(tmp_path: Path) -> Non
         n, mb = 10, 30  # 300 MB of results, the target is 240 MB
         arrays = client.map(array, range(n), mb=mb)
         shoal.wait(arrays, timeout=30)
-        files = wait_for(lambda: spill_files(tmp_path), 5, "spill files")
+        # (a file appears when its writing starts: wait until two are written whole)
+        files = wait_for(lambda: written(tmp_path, mb * MB, 2), 5, "spill files written")
         assert len(files) >= 2, files
-        assert all(f.stat().st_size > mb * MB for f in files)
         # dependents read them (the spilled ones from disk), and so does the client
         heads = client.gather(client.map(head_and_sum, arrays))
         assert heads == [(float(i), float(i) * mb * MB // 8) for i in range(n)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from shoal.core.scheduler import SchedulerState
+from shoal.core.scheduler.state import SchedulerState
 from shoal.protocol import messages as m
 
 ARGS = m.Payload(0, b"\x92\x91\x01\x80")

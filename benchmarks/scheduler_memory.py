@@ -32,7 +32,7 @@ import tracemalloc
 
 import psutil
 
-from shoal.core.scheduler import SchedulerState
+from shoal.core.scheduler.state import SchedulerState
 from shoal.protocol import messages as m
 from shoal.protocol.framing import decode_body, encode_body
 from shoal.server.scheduler import tune_gc

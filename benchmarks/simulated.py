@@ -178,7 +178,7 @@ async def _shoal_worker(address: str, index: int, rss: _Rss) -> Coroutine[Any, A
 
     from shoal.comm.heartbeat import keep_alive
     from shoal.comm.tcp import connect
-    from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
+    from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
     from shoal.protocol import messages as m
 
     fake = f"tcp://127.0.0.1:{FAKE_PORT_BASE + index}"

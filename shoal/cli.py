@@ -15,12 +15,12 @@ import click
 
 from shoal.client.loop import run
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT
-from shoal.core.membership import (
+from shoal.core.scheduler.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_SCHEDULER_TIMEOUT,
     DEFAULT_WORKER_TTL,
 )
-from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
+from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 

@@ -114,7 +114,7 @@ def test_core_and_protocol_stay_pure(module, path):
     ],
 )
 def test_checker_detects_violations(source):
-    assert violations(source, "shoal.core.scheduler")
+    assert violations(source, "shoal.core.story")
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_checker_detects_violations(source):
     ],
 )
 def test_checker_allows_clean_code(source):
-    assert violations(source, "shoal.core.scheduler") == []
+    assert violations(source, "shoal.core.story") == []
 
 
 def test_relative_imports_resolve_against_the_package():

@@ -34,7 +34,7 @@ from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect
-from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
+from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import Key, check_key

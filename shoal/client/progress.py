@@ -1,7 +1,7 @@
 """Progress bars over futures or persisted collections, one per task prefix.
 
 The scheduler counts, per prefix, the tasks the futures need and pushes the counts when
-they change (at most every 0.2 s; see :mod:`shoal.core.progress`), so a bar costs no
+they change (at most every 0.2 s; see :mod:`shoal.core.scheduler.progress`), so a bar costs no
 polling and nothing per key. In a terminal the bars are tqdm's; in Jupyter an HTML
 table that updates itself in place.
 """

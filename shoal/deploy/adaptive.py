@@ -1,7 +1,7 @@
 """``cluster.adapt(...)``: a loop that asks the scheduler, every ``interval``, how many
 workers the work needs, and has the cluster carry it out.
 
-The decision is the scheduler core's (:mod:`shoal.core.adaptive`, which keeps the
+The decision is the scheduler core's (:mod:`shoal.core.scheduler.adaptive`, which keeps the
 policy's memory of lower proposals between requests; ``workers_to_close`` picks and
 retires the workers to close). This loop only asks and carries out: it runs as a task
 on the cluster's control loop (:class:`~shoal.deploy.elastic.ElasticCluster`) and
@@ -18,7 +18,7 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.adaptive import DEFAULT_TASK_DURATION, AdaptivePolicy
+from shoal.core.scheduler.adaptive import DEFAULT_TASK_DURATION, AdaptivePolicy
 from shoal.protocol import messages as m
 
 if TYPE_CHECKING:

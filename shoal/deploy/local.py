@@ -38,8 +38,8 @@ import psutil
 
 from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
-from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
-from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
+from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
+from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
 from shoal.deploy.elastic import ElasticCluster
 from shoal.protocol.messages import check_resources
 

@@ -22,8 +22,8 @@ import msgspec
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
-from shoal.core.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
-from shoal.core.scheduler import SchedulerState
+from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
+from shoal.core.scheduler.state import SchedulerState
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 

@@ -1,6 +1,6 @@
 """The worker process: runs tasks in a thread pool, serves its data to peers.
 
-Decisions belong to :class:`~shoal.core.worker_state.WorkerState`; this shell turns
+Decisions belong to :class:`~shoal.core.worker.state.WorkerState`; this shell turns
 messages and thread results into events, and carries out the instructions: run a
 task on a thread, fetch data from a peer, send a message to the scheduler.
 """
@@ -29,9 +29,9 @@ from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
-from shoal.core.membership import DEFAULT_SCHEDULER_TIMEOUT
-from shoal.core.worker_release import DEFAULT_INTERRUPT_GRACE
-from shoal.core.worker_state import (
+from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
+from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
+from shoal.core.worker.state import (
     Execute,
     ExecuteFailure,
     ExecuteSuccess,

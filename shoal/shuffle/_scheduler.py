@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.errors import error_payload
-from shoal.core.placement import Restrictions
-from shoal.core.scheduler_model import TaskState, WorkerRecord
+from shoal.core.scheduler.model import TaskState, WorkerRecord
+from shoal.core.scheduler.placement import Restrictions
 from shoal.protocol import messages as m
 from shoal.shuffle._plan import owner
 

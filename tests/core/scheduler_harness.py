@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shoal.core.comm import RecordingComm
-from shoal.core.scheduler import SchedulerState
-from shoal.core.scheduler_model import TaskState, WorkerRecord
+from shoal.core.scheduler.model import TaskState, WorkerRecord
+from shoal.core.scheduler.state import SchedulerState
 from shoal.protocol.messages import (
     AddKeys,
     CancelKeys,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import Sim, addr
 
-from shoal.core.adaptive import AdaptivePolicy, PrefixLoad, Snapshot, WorkerLoad
+from shoal.core.scheduler.adaptive import AdaptivePolicy, PrefixLoad, Snapshot, WorkerLoad
 from shoal.protocol.messages import (
     CloseWorker,
     CopyKeys,

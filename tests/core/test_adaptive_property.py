@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cluster_property import Cluster, Value
 
-from shoal.core.worker_state import ExecuteSuccess, WorkerState
+from shoal.core.worker.state import ExecuteSuccess, WorkerState
 from shoal.protocol.messages import CloseWorker, ScaleReply, ScaleRequest
 
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_harness import Sim
 
-from shoal.core.worker_state import (
+from shoal.core.worker.state import (
     Execute,
     ExecuteSuccess,
     GatherDep,

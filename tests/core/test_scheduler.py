@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim, addr, kinds
 
-from shoal.core.placement import MAX_PER_THREAD, QUEUE_HORIZON
-from shoal.core.scheduler_model import SMALL, UNKNOWN_DURATION, Members, added, discarded
+from shoal.core.scheduler.model import SMALL, UNKNOWN_DURATION, Members, added, discarded
+from shoal.core.scheduler.placement import MAX_PER_THREAD, QUEUE_HORIZON
 from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.messages import (
     ComputeTask,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import W1, Sim
 
-from shoal.core.events import DEFAULT_EVENTS_PER_TOPIC, EventLog
+from shoal.core.scheduler.events import DEFAULT_EVENTS_PER_TOPIC, EventLog
 
 
 def test_topics_are_kept_apart_oldest_first():

@@ -1,5 +1,5 @@
 """The scheduler state machine when workers die, pause, go silent, retire, or cannot
-pickle a result (shoal/core/membership.py). No network: events in, messages out."""
+pickle a result (shoal/core/scheduler/membership.py). No network: events in, messages out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 import pytest
 from scheduler_harness import W1, W2, W3, Sim, addr
 
-from shoal.core.membership import heartbeat_interval
+from shoal.core.scheduler.membership import heartbeat_interval
 from shoal.protocol.errors import KilledWorker
 from shoal.protocol.messages import (
     CloseWorker,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_harness import EXC, Sim, addr
 
-from shoal.core.scheduler_model import FINISHED
+from shoal.core.scheduler.model import FINISHED
 from shoal.protocol.messages import (
     ComputeTask,
     FreeKeys,

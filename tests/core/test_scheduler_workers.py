@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim
 
-from shoal.core.scheduler_model import TASK_STATES
+from shoal.core.scheduler.model import TASK_STATES
 from shoal.core.story import InvalidState, InvalidTransition
 from shoal.protocol.messages import (
     ComputeTask,

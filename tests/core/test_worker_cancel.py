@@ -10,7 +10,7 @@ from typing import Any
 
 from test_worker_state import compute, dep, fail, finished, gathered, make, ok, run
 
-from shoal.core.worker_state import (
+from shoal.core.worker.state import (
     Execute,
     GatherDep,
     GatherFailure,

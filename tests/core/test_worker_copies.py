@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from test_worker_state import compute, dep, gathered, make, ok, states
 
-from shoal.core.worker_state import GatherDep, GatherFailure, SendMessage
+from shoal.core.worker.state import GatherDep, GatherFailure, SendMessage
 from shoal.protocol.messages import AddKeys, CopyKeys, MissingData, TaskFinished
 
 

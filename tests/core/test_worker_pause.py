@@ -3,7 +3,7 @@ Driven with events only (no network, no threads), validated after every batch.""
 
 from __future__ import annotations
 
-from shoal.core.worker_state import (
+from shoal.core.worker.state import (
     Execute,
     GatherDep,
     Pause,

@@ -14,7 +14,7 @@ import pytest
 from test_worker_state import ARGS, ME, fail, ok, run, states
 
 from shoal.core.story import InvalidState
-from shoal.core.worker_state import Execute, ExecuteSuccess, WorkerState
+from shoal.core.worker.state import Execute, ExecuteSuccess, WorkerState
 from shoal.protocol.messages import ComputeTask, FreeKeys, Key
 
 

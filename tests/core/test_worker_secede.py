@@ -10,7 +10,7 @@ import pytest
 from test_worker_state import ARGS, ME, compute, fail, finished, make, ok, run, states
 
 from shoal.core.story import InvalidTransition
-from shoal.core.worker_state import Execute, Rejoin, ResumeThread, Secede, WorkerState
+from shoal.core.worker.state import Execute, Rejoin, ResumeThread, Secede, WorkerState
 from shoal.protocol.messages import ComputeTask, FreeKeys, Key
 
 
@@ -62,7 +62,7 @@ def test_rejoin_with_a_free_slot_resumes_at_once():
 
 
 def test_a_paused_worker_still_lets_a_rejoining_task_go_on():
-    from shoal.core.worker_state import Pause
+    from shoal.core.worker.state import Pause
 
     ws = make(1)
     run(ws, compute("parent"), secede("parent"), Pause("pause"))
@@ -125,7 +125,7 @@ def test_impossible_secede_or_rejoin_raises(events: list[Any]):
 
 
 def test_secede_tells_the_scheduler_unless_the_task_was_cancelled():
-    from shoal.core.worker_state import SendMessage
+    from shoal.core.worker.state import SendMessage
     from shoal.protocol.messages import TaskSeceded
 
     ws = make(2)

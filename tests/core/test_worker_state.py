@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoal.core.story import InvalidState, InvalidTransition
-from shoal.core.worker_state import (
+from shoal.core.worker.state import (
     Execute,
     ExecuteFailure,
     ExecuteSuccess,

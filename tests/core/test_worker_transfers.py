@@ -11,7 +11,7 @@ from typing import Any
 
 from test_worker_state import ARGS, ME, compute, dep, gathered, make, ok, run
 
-from shoal.core.worker_state import (
+from shoal.core.worker.state import (
     Execute,
     GatherDep,
     GatherSuccess,

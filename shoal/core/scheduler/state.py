@@ -16,18 +16,14 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
-from shoal.core.events import Events
-from shoal.core.introspection import Introspection
-from shoal.core.membership import (
+from shoal.core.scheduler.events import Events
+from shoal.core.scheduler.introspection import Introspection
+from shoal.core.scheduler.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_WORKER_TTL,
     Membership,
 )
-from shoal.core.pins import Pins
-from shoal.core.placement import Placement
-from shoal.core.progress import Progress
-from shoal.core.scaling import Scaling
-from shoal.core.scheduler_model import (
+from shoal.core.scheduler.model import (
     SMALL,
     TASK_STATES,
     ClientRecord,
@@ -39,9 +35,13 @@ from shoal.core.scheduler_model import (
     discarded,
     key_split,
 )
-from shoal.core.scheduler_validation import validate_scheduler_state
+from shoal.core.scheduler.pins import Pins
+from shoal.core.scheduler.placement import Placement
+from shoal.core.scheduler.progress import Progress
+from shoal.core.scheduler.reports import WorkerReports
+from shoal.core.scheduler.scaling import Scaling
+from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.story import InvalidTransition, StoryLog
-from shoal.core.worker_reports import WorkerReports
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 from shoal.shuffle._scheduler import ShuffleCoordinator
@@ -465,7 +465,7 @@ class SchedulerState(
         retired or silent worker's last messages may still arrive)."""
         ws = self.workers.get(address)
         if ws is not None:
-            self._apply(ws, self._worker_handlers, msgs, "worker")  # see worker_reports.py
+            self._apply(ws, self._worker_handlers, msgs, "worker")  # see reports.py
 
     # ------------------------------------------------------------------ helpers
 

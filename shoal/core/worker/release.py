@@ -1,5 +1,5 @@
 """Executions that end, and tasks the scheduler takes back: the release half of
-:class:`~shoal.core.worker_state.WorkerState` (a mixin, as the scheduler's placement).
+:class:`~shoal.core.worker.state.WorkerState` (a mixin, as the scheduler's placement).
 
 - ``FreeKeys``: drop keys (a running task becomes ``cancelled`` until its thread ends).
 - ``ReleaseCompute``: the scheduler released a task it had us compute. With ``drain``,
@@ -23,7 +23,7 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.story import InvalidTransition, StoryLog
-from shoal.core.worker_events import (
+from shoal.core.worker.events import (
     ExecuteFailure,
     ExecuteSuccess,
     Instruction,
@@ -36,7 +36,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, FreeKeys, Key
 
 if TYPE_CHECKING:
-    from shoal.core.worker_state import WTask
+    from shoal.core.worker.state import WTask
 
 # Seconds a force-cancelled task's thread has to return once interrupted, by default;
 # then the worker restarts through its nanny (``shoal worker --interrupt-grace``).

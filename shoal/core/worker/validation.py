@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.story import InvalidState
-from shoal.core.worker_state import SLACK, STATES, WorkerState
+from shoal.core.worker.state import SLACK, STATES, WorkerState
 
 
 def _check(ok: Any, what: str) -> None:
@@ -22,7 +22,7 @@ def validate_worker_state(state: WorkerState) -> None:
     threads = [*executing, *seceded, *rejoining]
     _check(len(threads) == len(set(threads)), "a task both counted and seceded")
     running_tasks = set(threads)
-    interrupted = state._interrupted  # never taken over again: see worker_release.py
+    interrupted = state._interrupted  # never taken over again: see release.py
     for ts, n in state._drains.items():  # answers owed for threads still counted
         _check(n > 0 and ts in executing, f"{ts!r}: {n} ComputeReleased owed")
     ids = list(interrupted.values())

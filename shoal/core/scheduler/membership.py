@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
-from shoal.core.scheduler_model import ClientRecord, TaskState, WorkerRecord, discarded
+from shoal.core.scheduler.model import ClientRecord, TaskState, WorkerRecord, discarded
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.errors import KilledWorker

@@ -30,7 +30,7 @@ resources as free at once, and the threads are pipelined: this is the check that
 
 Tasks the scheduler takes back while they run (``ReleaseCompute``: the thread counts
 busy until it really ends; force-cancel interrupts it) and the ends of executions are in
-:mod:`shoal.core.worker_release`.
+:mod:`shoal.core.worker.release`.
 
 A running task may *secede* (:class:`Secede`: it waits on other tasks, e.g. inside
 ``worker_client``): it stops counting against the execution limit, so another task
@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from shoal.core.story import InvalidTransition, StoryLog
-from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events are part of the API)
+from shoal.core.worker.events import (  # noqa: F401  (re-exported: the events are part of the API)
     Event,
     Execute,
     ExecuteFailure,
@@ -71,8 +71,8 @@ from shoal.core.worker_events import (  # noqa: F401  (re-exported: the events a
     UpdateDataEvent,
     WorkerEvent,
 )
-from shoal.core.worker_fetch import Fetching, _unindex
-from shoal.core.worker_release import Releases
+from shoal.core.worker.fetch import Fetching, _unindex
+from shoal.core.worker.release import Releases
 from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Payload
 
@@ -691,7 +691,7 @@ class WorkerState(Fetching, Releases):
 
     def validate_state(self) -> None:
         """Check every invariant; raise InvalidState on the first one broken."""
-        from shoal.core.worker_validation import validate_worker_state  # imports this module
+        from shoal.core.worker.validation import validate_worker_state  # imports this module
 
         validate_worker_state(self)
 

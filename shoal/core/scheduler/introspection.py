@@ -11,13 +11,13 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.scheduler_model import Counters, TaskGroup, TaskPrefix, TaskState, WorkerRecord
+from shoal.core.scheduler.model import Counters, TaskGroup, TaskPrefix, TaskState, WorkerRecord
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
 if TYPE_CHECKING:
-    from shoal.core.pins import PinRecord
+    from shoal.core.scheduler.pins import PinRecord
 
 
 def counts_of(c: Counters) -> m.PrefixCounts:

@@ -1,5 +1,5 @@
 """Dependencies fetched from peers: the transfer half of
-:class:`~shoal.core.worker_state.WorkerState` (a mixin, as the release half).
+:class:`~shoal.core.worker.state.WorkerState` (a mixin, as the release half).
 
 - ``_ensure_communicating`` asks peers for the keys in ``fetch``, one GatherDep per
   peer at a time, at most ``transfer_limit`` peers, and no further transfer while the
@@ -19,7 +19,7 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.errors import error_payload
-from shoal.core.worker_events import (
+from shoal.core.worker.events import (
     GatherDep,
     GatherFailure,
     GatherSuccess,
@@ -31,7 +31,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, Key
 
 if TYPE_CHECKING:
-    from shoal.core.worker_state import WTask
+    from shoal.core.worker.state import WTask
 
 
 def _order(ts: WTask) -> tuple[tuple[int, ...], str]:

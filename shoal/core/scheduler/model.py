@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shoal.protocol.messages import Key, Payload
 
 if TYPE_CHECKING:
-    from shoal.core.placement import Restrictions
-    from shoal.core.progress import ProgressWatch
+    from shoal.core.scheduler.placement import Restrictions
+    from shoal.core.scheduler.progress import ProgressWatch
 
 TASK_STATES = ("released", "waiting", "queued", "processing", "memory", "erred", "forgotten")
 FINISHED = frozenset(("memory", "erred", "forgotten"))  # what a progress watch waits for
@@ -179,7 +179,7 @@ class WorkerRecord:
         self.memory = 0  # process memory and spilled bytes at the last heartbeat
         self.spilled = 0
         self.last_seen = now  # when it last sent anything (the server's clock)
-        self.pins: set[int] = set()  # ids of the pins holding it (core/pins.py)
+        self.pins: set[int] = set()  # ids of the pins holding it (core/scheduler/pins.py)
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from shoal.core.comm import Comm
-from shoal.core.scheduler_model import FINISHED, ClientRecord, TaskState, added
+from shoal.core.scheduler.model import FINISHED, ClientRecord, TaskState, added
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 

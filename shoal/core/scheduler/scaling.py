@@ -4,7 +4,7 @@
 A cluster sends ``ScaleRequest`` with the names of the workers it runs (joined or still
 starting), and either a number (``scale(n)``) or the adaptive policy's settings. The
 core counts the cluster's workers (those retiring are leaving already: not counted
-again), asks the policy (:mod:`shoal.core.adaptive`) for a target, and carries it out:
+again), asks the policy (:mod:`shoal.core.scheduler.adaptive`) for a target, and carries it out:
 
 - up: first cancel retirements that scaling started and that are not done (those
   workers go back to work), then tell the cluster how many workers to start;
@@ -23,15 +23,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.adaptive import (
+from shoal.core.comm import Comm
+from shoal.core.scheduler.adaptive import (
     AdaptivePolicy,
     Decision,
     PrefixLoad,
     Snapshot,
     WorkerLoad,
 )
-from shoal.core.comm import Comm
-from shoal.core.scheduler_model import ClientRecord, TaskPrefix, WorkerRecord
+from shoal.core.scheduler.model import ClientRecord, TaskPrefix, WorkerRecord
 from shoal.protocol import messages as m
 
 EVENT_TOPIC = "adaptive"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.comm import Comm
-from shoal.core.scheduler_model import ClientRecord, WorkerRecord
+from shoal.core.scheduler.model import ClientRecord, WorkerRecord
 from shoal.protocol import messages as m
 
 PINS_TOPIC = "pins"

@@ -1,6 +1,6 @@
 """The worker state machine's vocabulary: the events the worker server makes itself
 (ComputeTask, FreeKeys and CopyKeys, wire messages, are events too) and the
-instructions :class:`~shoal.core.worker_state.WorkerState` hands back."""
+instructions :class:`~shoal.core.worker.state.WorkerState` hands back."""
 
 from __future__ import annotations
 

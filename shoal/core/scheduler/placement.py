@@ -48,7 +48,7 @@ import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from shoal.core.scheduler_model import TaskState, WorkerRecord, min_slots
+from shoal.core.scheduler.model import TaskState, WorkerRecord, min_slots
 from shoal.core.story import StoryLog
 from shoal.protocol.messages import Key, TaskRestrictions
 

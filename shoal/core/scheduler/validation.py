@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shoal.core.placement import SLACK, Restrictions
-from shoal.core.scheduler_model import FINISHED, SMALL, TaskState, min_slots
+from shoal.core.scheduler.model import FINISHED, SMALL, TaskState, min_slots
+from shoal.core.scheduler.placement import SLACK, Restrictions
 from shoal.core.story import InvalidState
 
 if TYPE_CHECKING:
-    from shoal.core.progress import ProgressWatch
-    from shoal.core.scheduler import SchedulerState
+    from shoal.core.scheduler.progress import ProgressWatch
+    from shoal.core.scheduler.state import SchedulerState
 
 
 def validate_scheduler_state(state: SchedulerState) -> None:

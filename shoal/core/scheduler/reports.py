@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.comm import Comm
-from shoal.core.membership import Membership
-from shoal.core.scheduler_model import TaskState, WorkerRecord
+from shoal.core.scheduler.membership import Membership
+from shoal.core.scheduler.model import TaskState, WorkerRecord
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key

@@ -33,8 +33,9 @@ class SpillFiles:
     """The spilled pieces of one run on this worker, in one append-only file: a chunk's
     pieces go in with one ``writev``, and each output partition's records are found by
     their offsets. Written by one thread at a time (the service's spill thread), which
-    also closes it; a partition is read only once no spill of the run is in progress,
-    and never written after it was read."""
+    also closes it. A record is listed once its bytes are in the file; a partition may
+    be read while a chunk is being written (the reader drops the records of chunks it
+    took from memory), and is not written once taken."""
 
     def __init__(self, directory: str):
         self.directory = directory

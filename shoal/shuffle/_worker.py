@@ -122,6 +122,7 @@ class RunData:
         self.directory = directory
         self.inputs: set[int] = set()  # input partitions whose pieces for us arrived
         self.chunks: dict[int, Chunk] = {}  # input partition -> in memory
+        self.writing: dict[int, Chunk] = {}  # those the spill thread is writing
         self.disk = SpillFiles(directory)
         self.spilling = 0  # spill jobs of this run not yet done
         self.spill_error: str | None = None
@@ -131,6 +132,7 @@ class RunData:
 
     def drop(self) -> None:
         self.chunks.clear()
+        self.writing.clear()
         self.dropped = True
         if not self.spilling:  # (else the last spill job closes the file)
             self.disk.close()
@@ -257,13 +259,13 @@ class ShuffleService:
 
     def take(self, info: m.ShuffleRun, partition: int, ninputs: int) -> list[Any]:
         """The rows of output ``partition`` from every input, as frames in input order,
-        once every input's pieces have arrived here (and none is being written)."""
+        once every input's pieces have arrived here."""
         self._check_sends(info)
         deadline = time.monotonic() + WAIT_TIMEOUT
         with self.cond:
             while True:
                 rd = self._current(info)
-                if rd is not None and len(rd.inputs) >= ninputs and not rd.spilling:
+                if rd is not None and len(rd.inputs) >= ninputs:
                     break
                 if time.monotonic() > deadline:
                     have = 0 if rd is None else len(rd.inputs)
@@ -283,14 +285,17 @@ class ShuffleService:
                     f"P2P shuffle {info.id} run {info.run}: output partition {partition} "
                     "was unpacked already and its pieces dropped"
                 )
-            rd.taken.add(partition)
+            rd.taken.add(partition)  # (no spill job starting now writes its pieces)
             pieces = []
-            for i, chunk in rd.chunks.items():
-                if partition in chunk.offsets:
-                    pieces.append((i, chunk.piece(partition)))
+            for chunks in (rd.chunks, rd.writing):  # (a chunk being written is still here)
+                for i, chunk in chunks.items():
+                    if partition in chunk.offsets:
+                        pieces.append((i, chunk.piece(partition)))
             self._forget_taken(rd)
-        # (no spill writes this partition any more: it is taken)
-        pieces.extend(rd.disk.read(partition))
+        # An input has one piece per partition: a record of a chunk that was being
+        # written is the piece already taken from memory.
+        in_memory = {i for i, _ in pieces}
+        pieces.extend(piece for piece in rd.disk.read(partition) if piece[0] not in in_memory)
         pieces.sort(key=lambda item: item[0])
         return to_frames(pieces, rd.disk.schema)
 
@@ -384,8 +389,9 @@ class ShuffleService:
                 break
             self.spilling_bytes += nbytes
             rd.spilling += 1
+            chunk = rd.writing[i] = rd.chunks.pop(i)
             # (a chunk a job: whoever waits for room goes on after the first)
-            self._spiller.submit(self._write_chunks, rd, [(i, rd.chunks.pop(i))])
+            self._spiller.submit(self._write_chunks, rd, [(i, chunk)])
 
     def _write_chunks(self, rd: RunData, job: list[tuple[int, Chunk]]) -> None:
         """On the spill thread: write these chunks of ``rd``, then let go of them."""
@@ -402,6 +408,8 @@ class ShuffleService:
             logger.warning("shuffle %s run %s: spilling failed: %s", rd.id, rd.run, error)
         nbytes = sum(chunk.nbytes for _, chunk in job)
         with self.cond:
+            for i, _ in job:
+                rd.writing.pop(i, None)
             rd.spilling -= 1
             self.spilling_bytes -= nbytes
             if rd.dropped:  # (its bytes left the buffer then)

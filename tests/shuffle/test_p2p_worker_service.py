@@ -288,3 +288,34 @@ def test_a_chunk_mostly_unpacked_lets_go_of_those_rows():
     assert chunk.nbytes == 2000 and len(chunk.frame) == 200
     pd.testing.assert_frame_equal(chunk.piece(1), df.iloc[100:200], check_freq=False)
     pd.testing.assert_frame_equal(chunk.piece(3), df.iloc[300:400], check_freq=False)
+
+
+def test_an_unpack_does_not_wait_for_the_disk_nor_count_a_piece_twice(loop, tmp_path, monkeypatch):
+    """A chunk whose pieces are on disk but whose spill job has not ended is still in
+    memory: the unpack takes each input's piece once."""
+    written, release = threading.Event(), threading.Event()
+    real_write = SpillFiles.write
+
+    def write_then_hang(self: SpillFiles, *args: Any, **kwargs: Any) -> int:
+        n = real_write(self, *args, **kwargs)
+        written.set()
+        release.wait(10)
+        return n
+
+    monkeypatch.setattr(SpillFiles, "write", write_then_hang)
+    monkeypatch.setenv("SHOAL_SHUFFLE_BUFFER_BYTES", "3000")
+    service = ShuffleService(FakeWorker(loop, str(tmp_path), FakeConn()))  # type: ignore[arg-type]
+    inputs = [plain_frame(100, 2, seed=i) for i in range(2)]
+    for i, df in enumerate(inputs):
+        receive(service, 1, i, df, 2)
+    assert written.wait(5)
+    rd = service.runs["s"]
+    assert rd.writing and any(rd.disk.records.values())  # on disk, and still in memory
+    frames = service.take(m.ShuffleRun("s", 1, [ME]), 0, ninputs=2)  # does not wait
+    want = pd.concat([df[df["_partitions"] == 0] for df in inputs]).drop(columns="_partitions")
+    pd.testing.assert_frame_equal(pd.concat(frames), want)
+    release.set()
+    until(lambda: rd.spilling == 0)
+    frames = service.take(m.ShuffleRun("s", 1, [ME]), 1, ninputs=2)
+    want = pd.concat([df[df["_partitions"] == 1] for df in inputs]).drop(columns="_partitions")
+    pd.testing.assert_frame_equal(pd.concat(frames), want)

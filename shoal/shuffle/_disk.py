@@ -118,6 +118,11 @@ class SpillFiles:
             if n:
                 views[0] = views[0][n:]
 
+    def arrow_of(self, frame: Any) -> Any:
+        """``frame`` as an Arrow batch of this run's schema, once Arrow is known to
+        hold the run's frames exactly; else None. (Reads the schema only: any thread.)"""
+        return self._to_arrow(frame) if self.arrow is True else None
+
     def _to_arrow(self, frame: Any) -> Any:
         """``frame`` as one Arrow record batch, or None to pickle it."""
         if self.arrow is False:

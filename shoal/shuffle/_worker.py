@@ -76,10 +76,11 @@ def _env_number(name: str, default: float) -> float:
 class Chunk:
     """One input partition's rows for this worker, grouped by output partition."""
 
-    __slots__ = ("frame", "offsets", "nbytes")
+    __slots__ = ("frame", "offsets", "nbytes", "batch")
 
     def __init__(self, frame: Any, partitions: list[int], counts: list[int], nbytes: int):
         self.frame = frame
+        self.batch: Any = None  # the frame as Arrow (False: not in Arrow), once asked
         self.offsets: dict[int, tuple[int, int]] = {}
         start = 0
         for p, n in zip(partitions, counts):
@@ -90,6 +91,18 @@ class Chunk:
     def piece(self, partition: int) -> Any:
         lo, hi = self.offsets[partition]
         return self.frame.iloc[lo:hi]
+
+    def arrow_piece(self, partition: int, disk: SpillFiles) -> Any:
+        """The rows of ``partition`` as a slice of an Arrow batch of the run's schema
+        (converted once), so that an unpack makes one frame of memory and disk pieces
+        alike; as a frame if Arrow does not hold this run."""
+        if self.batch is None:
+            batch = disk.arrow_of(self.frame)
+            self.batch = False if batch is None else batch
+        if self.batch is False:
+            return self.piece(partition)
+        lo, hi = self.offsets[partition]
+        return self.batch.slice(lo, hi - lo)
 
     def compact(self, taken: set[int]) -> int:
         """Once at most half its rows are still to be unpacked, copy those out and let
@@ -104,6 +117,7 @@ class Chunk:
 
         index = np.concatenate([np.arange(lo, hi) for _, lo, hi in keep])
         self.frame = self.frame.take(index)
+        self.batch = None
         self.offsets, start = {}, 0
         for p, lo, hi in keep:
             self.offsets[p] = (start, start + hi - lo)
@@ -287,10 +301,12 @@ class ShuffleService:
                 )
             rd.taken.add(partition)  # (no spill job starting now writes its pieces)
             pieces = []
+            arrow = rd.disk.arrow is True
             for chunks in (rd.chunks, rd.writing):  # (a chunk being written is still here)
                 for i, chunk in chunks.items():
                     if partition in chunk.offsets:
-                        pieces.append((i, chunk.piece(partition)))
+                        piece = chunk.arrow_piece(partition, rd.disk) if arrow else None
+                        pieces.append((i, piece if arrow else chunk.piece(partition)))
             self._forget_taken(rd)
         # An input has one piece per partition: a record of a chunk that was being
         # written is the piece already taken from memory.

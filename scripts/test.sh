@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install shoal with its test dependencies, check style and types, run the tests.
+# Install shoal with its test dependencies (and Dask distributed, which the benchmark
+# tests run side by side), check style and types, run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -e ".[test,fast]"
+python -m pip install --quiet --disable-pip-version-check -e ".[test,fast,bench]"
 python -m ruff check shoal tests benchmarks
 python -m mypy -p shoal
 python -m pytest -q "$@"

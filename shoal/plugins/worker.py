@@ -8,6 +8,7 @@ the batch of events that made them (and before the next one is handled)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import itertools
 import pickle
@@ -23,6 +24,7 @@ from shoal.protocol.framing import ProtocolError
 if TYPE_CHECKING:
     from shoal.server.worker import Worker
 
+IDLE_POLL = 0.01  # seconds between looks at running tasks, closing gracefully
 NO_TOKEN = (
     "this worker has no cluster token: it unpickles plugins only from a scheduler that proved one"
 )
@@ -35,6 +37,7 @@ class WorkerView:
     def __init__(self, worker: Worker):
         self._worker = worker
         self._sids = itertools.count(1)
+        self._closing = False
 
     address = property(lambda self: self._worker.address)
     name = property(lambda self: self._worker.name)
@@ -67,15 +70,23 @@ class WorkerView:
     def close_gracefully(
         self, reason: str = "closed by a plugin", restart: bool | None = None
     ) -> None:
-        """Start no further task, hand this worker's results to others, and close; with
-        ``restart`` (by default: if a nanny runs it) the nanny starts a fresh process."""
+        """Start no further task, let the running ones finish, hand this worker's
+        results to other workers, and close; with ``restart`` (by default: if a nanny
+        runs it) the nanny starts a fresh process."""
         worker = self._worker
-        if worker.leaving or worker.state is None:
+        if worker.leaving or worker.state is None or self._closing:
             return
-        worker._set_paused(True)  # at once: no task starts while the scheduler lets us go
+        self._closing = True
+        worker._set_paused(True)  # at once: the scheduler sends no more, none starts
         if restart is None:
             restart = worker.under_nanny
-        worker._spawn(worker.leave(reason, retire=True, restart=restart))
+        worker._spawn(self._leave_when_idle(reason, restart))
+
+    async def _leave_when_idle(self, reason: str, restart: bool) -> None:
+        worker = self._worker
+        while worker.state is not None and worker.state.executing_count and not worker.leaving:
+            await asyncio.sleep(IDLE_POLL)
+        await worker.leave(reason, retire=True, restart=restart)
 
     def __repr__(self) -> str:
         return f"<WorkerView {self.address}>"

@@ -100,6 +100,8 @@ class SchedulerPlugins:
         self.watching_graphs = False  # some plugin has update_graph
         self.watching_clients = False  # some plugin has add_client or remove_client
         self._watching_transitions = False
+        self._watching_workers = False
+        self._workers_changed: list[tuple[str, str, str]] = []
         self._transitions: list[tuple[Any, ...]] = []
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -166,6 +168,10 @@ class SchedulerPlugins:
         if watch != self._watching_transitions:
             self._watching_transitions = watch
             self.server.state.watch_transitions(self._on_transition if watch else None)
+        watch = self.registry.hooked("add_worker") or self.registry.hooked("remove_worker")
+        if watch != self._watching_workers:
+            self._watching_workers = watch
+            self.server.state.watch_workers(self._on_worker if watch else None)
         self.watching_graphs = self.registry.hooked("update_graph")
         self.watching_clients = self.registry.hooked("add_client") or self.registry.hooked(
             "remove_client"
@@ -177,12 +183,25 @@ class SchedulerPlugins:
         self._transitions.append(entry)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_transitions)
+            asyncio.get_running_loop().call_soon(self._flush_feed)
 
-    def _flush_transitions(self) -> None:
+    def _on_worker(self, entry: tuple[str, str, str]) -> None:
+        """Called by the core when a worker joins or is removed (however it goes)."""
+        self._workers_changed.append(entry)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_feed)
+
+    def _flush_feed(self) -> None:
         self._flush_scheduled = False
+        changes, self._workers_changed = self._workers_changed, []
         entries, self._transitions = self._transitions, []
         dispatch = self.registry.dispatch
+        for change, address, stimulus_id in changes:
+            if change == "add":
+                dispatch("add_worker", self.view, address)
+            else:
+                dispatch("remove_worker", self.view, address, stimulus_id=stimulus_id)
         for key, start, finish, stimulus_id in entries:
             dispatch("transition", key, start, finish, stimulus_id=stimulus_id)
 
@@ -193,12 +212,6 @@ class SchedulerPlugins:
         they are set up before its first task."""
         for name, data in self.worker_plugins.items():
             conn.send(m.RegisterPlugin(0, "worker", name, data))
-
-    def add_worker(self, address: str) -> None:
-        self.registry.dispatch("add_worker", self.view, address)
-
-    def remove_worker(self, address: str, stimulus_id: str) -> None:
-        self.registry.dispatch("remove_worker", self.view, address, stimulus_id=stimulus_id)
 
     def add_client(self, client_id: str) -> None:
         self.registry.dispatch("add_client", self.view, client_id)

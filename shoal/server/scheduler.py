@@ -214,7 +214,7 @@ class Scheduler:
             if self._workers.get(address) is conn:
                 del self._workers[address]
                 self.state.tick(time.time())
-                self._remove_worker(address, self._sid("worker-closed"))
+                self.state.remove_worker(address, self._sid("worker-closed"))
                 logger.info("worker %s left: %s", address, conn.close_reason)
 
         conn.on_close = on_close
@@ -229,7 +229,6 @@ class Scheduler:
             pid=hello.pid,
             now=time.monotonic(),
         )
-        self.plugins.add_worker(address)
         logger.info(
             "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources
         )
@@ -281,13 +280,6 @@ class Scheduler:
             raise ProtocolError(str(e)) from None
         if self.plugins.watching_graphs:
             self.plugins.update_graph(client_id, batch)
-
-    def _remove_worker(self, address: str, stimulus_id: str, reason: str = "") -> None:
-        """The core forgets ``address``; plugins hear of it if the core knew it."""
-        known = address in self.state.workers
-        self.state.remove_worker(address, stimulus_id, reason)
-        if known:
-            self.plugins.remove_worker(address, stimulus_id)
 
     def _answer(
         self,
@@ -389,9 +381,7 @@ class Scheduler:
             ttl = self.state.worker_ttl_now()
             await asyncio.sleep(min(1.0, ttl / 4))
             self.state.tick(time.time(), self._sid("tick"))  # leases expire when idle too
-            sid = self._sid("ttl")
-            for address in self.state.check_heartbeats(time.monotonic(), sid):
-                self.plugins.remove_worker(address, sid)
+            for address in self.state.check_heartbeats(time.monotonic(), self._sid("ttl")):
                 conn = self._workers.pop(address, None)
                 if conn is not None:
                     conn.abort(f"no heartbeat within the {ttl:.1f}s TTL: removed")
@@ -420,6 +410,6 @@ class Scheduler:
                     worker_conn.close()
                 sid = msg.stimulus_id or self._sid("worker-exited")
                 self.state.tick(time.time())
-                self._remove_worker(msg.address, sid, f"exited: {msg.reason}")
+                self.state.remove_worker(msg.address, sid, f"exited: {msg.reason}")
 
         conn.set_handler(on_frame)

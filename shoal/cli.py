@@ -152,9 +152,10 @@ def main() -> None:
 @click.option(
     "--preload",
     multiple=True,
+    envvar="SHOAL_SCHEDULER_PRELOAD",
     help="A module (dotted name, or path.py) to import; its shoal_setup(server) runs once "
     "the server does, shoal_teardown(server) once it closed (Dask's dask_setup too). "
-    "Repeatable.",
+    "Repeatable; default: the SHOAL_SCHEDULER_PRELOAD variable (space-separated).",
 )
 @click.option(
     "--handshake-timeout",
@@ -321,9 +322,10 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option(
     "--preload",
     multiple=True,
+    envvar="SHOAL_WORKER_PRELOAD",
     help="A module (dotted name, or path.py) to import; its shoal_setup(server) runs once "
     "the server does, shoal_teardown(server) once it closed (Dask's dask_setup too). "
-    "Repeatable.",
+    "Repeatable; default: the SHOAL_WORKER_PRELOAD variable (space-separated).",
 )
 @click.option("--log-level", default="warning", show_default=True)
 @security_options

@@ -125,6 +125,17 @@ class PluginRegistry:
         except Exception:  # the report itself must not break the caller
             logger.exception("could not record the failure of plugin %r", name)
 
+    def dispatch_transitions(self, entries: list[tuple[Any, ...]]) -> None:
+        """``transition(key, start, finish, stimulus_id=...)`` for each entry, on every
+        plugin that has the hook: the per-task path of a watched machine, so one loop."""
+        hooks = self._hooks.get("transition", ())
+        for name, method in hooks:
+            for key, start, finish, stimulus_id in entries:
+                try:
+                    method(key, start, finish, stimulus_id=stimulus_id)
+                except Exception as e:
+                    self.failed(name, "transition", e)
+
     def dispatch(self, hook: str, *args: Any, **kwargs: Any) -> None:
         """Call ``hook`` on every plugin that has it; coroutines it returns are spawned."""
         for name, method in self._hooks.get(hook, ()):

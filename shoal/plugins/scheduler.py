@@ -167,7 +167,8 @@ class SchedulerPlugins:
         watch = self.registry.hooked("transition")
         if watch != self._watching_transitions:
             self._watching_transitions = watch
-            self.server.state.watch_transitions(self._on_transition if watch else None)
+            sink = self._transitions if watch else None
+            self.server.state.watch_transitions(sink, self._schedule_flush)
         watch = self.registry.hooked("add_worker") or self.registry.hooked("remove_worker")
         if watch != self._watching_workers:
             self._watching_workers = watch
@@ -177,10 +178,9 @@ class SchedulerPlugins:
             "remove_client"
         )
 
-    def _on_transition(self, entry: tuple[Any, ...]) -> None:
-        """Called by the core for each transition while watched: kept until the
-        batch is over, then handed to the plugins."""
-        self._transitions.append(entry)
+    def _schedule_flush(self) -> None:
+        """The core recorded a first transition (or worker change) since the last
+        flush: hand them to the plugins once the batch is over."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_feed)
@@ -188,22 +188,21 @@ class SchedulerPlugins:
     def _on_worker(self, entry: tuple[str, str, str]) -> None:
         """Called by the core when a worker joins or is removed (however it goes)."""
         self._workers_changed.append(entry)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_feed)
+        self._schedule_flush()
 
     def _flush_feed(self) -> None:
         self._flush_scheduled = False
         changes, self._workers_changed = self._workers_changed, []
-        entries, self._transitions = self._transitions, []
+        entries = self._transitions[:]
+        self._transitions.clear()  # the core appends to this very list
         dispatch = self.registry.dispatch
         for change, address, stimulus_id in changes:
             if change == "add":
                 dispatch("add_worker", self.view, address)
             else:
                 dispatch("remove_worker", self.view, address, stimulus_id=stimulus_id)
-        for key, start, finish, stimulus_id in entries:
-            dispatch("transition", key, start, finish, stimulus_id=stimulus_id)
+        if entries:
+            self.registry.dispatch_transitions(entries)
 
     # ---------------------------------------------------------------- events from the server
 

@@ -148,15 +148,13 @@ class WorkerPlugins:
         watch = self.registry.hooked("transition")
         if watch != self.watching and self.worker.state is not None:
             self.watching = watch
-            self.worker.state.watch_transitions(self._transitions.append if watch else None)
+            self.worker.state.watch_transitions(self._transitions if watch else None)
 
     def flush_transitions(self) -> None:
         """After a batch of the core: its transitions to the ``transition`` hooks."""
         entries = self._transitions[:]
         self._transitions.clear()  # the core holds this list's append
-        dispatch = self.registry.dispatch
-        for key, start, finish, stimulus_id in entries:
-            dispatch("transition", key, start, finish, stimulus_id=stimulus_id)
+        self.registry.dispatch_transitions(entries)
 
     # ---------------------------------------------------------------- the scheduler's requests
 

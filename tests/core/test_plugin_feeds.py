@@ -14,7 +14,7 @@ from shoal.protocol.messages import LogEvent
 def test_scheduler_transitions_reach_the_sink_only_while_watched() -> None:
     sim = Sim()
     seen: list[tuple[Any, ...]] = []
-    sim.s.watch_transitions(seen.append)
+    sim.s.watch_transitions(seen)
     sim.submit({"a": []})
     sim.finish("a")
     path = [(start, finish) for key, start, finish, _ in seen if key == "a"]
@@ -35,7 +35,7 @@ def test_scheduler_transitions_reach_the_sink_only_while_watched() -> None:
 def test_scheduler_queued_fast_path_is_watched_too() -> None:
     sim = Sim(workers={W1: 1})
     seen: list[tuple[Any, ...]] = []
-    sim.s.watch_transitions(seen.append)
+    sim.s.watch_transitions(seen)
     sim.submit({k: [] for k in "uvwxyz"})  # one thread: root tasks queue, then go
     assert sim.s.nqueued  # a few at a time
     while sim.processing():
@@ -70,7 +70,7 @@ def test_a_workers_log_event_lands_in_the_event_log_with_its_address() -> None:
 def test_worker_transitions_reach_the_sink_only_while_watched() -> None:
     ws = make()
     seen: list[tuple[Any, ...]] = []
-    ws.watch_transitions(seen.append)
+    ws.watch_transitions(seen)
     ws.handle(compute("a", sid="s1"))
     ws.handle(ok("a", sid="done"))
     assert [(k, s, f, sid) for k, s, f, sid in seen] == [
@@ -82,3 +82,15 @@ def test_worker_transitions_reach_the_sink_only_while_watched() -> None:
     ws.handle(compute("b", sid="s2"))
     assert len(seen) == 3
     assert ("b", "ready", "executing", "s2") in ws.story("b")
+
+
+def test_wake_is_called_each_time_the_sink_stops_being_empty() -> None:
+    sim = Sim()
+    seen: list[tuple[Any, ...]] = []
+    wakes: list[int] = []
+    sim.s.watch_transitions(seen, lambda: wakes.append(len(seen)))
+    sim.submit({"a": []})
+    assert wakes == [0] and len(seen) >= 2  # once for the batch, not per transition
+    seen.clear()  # the server took them
+    sim.finish("a")
+    assert wakes == [0, 0]

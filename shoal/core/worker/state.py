@@ -248,17 +248,24 @@ class WorkerState(Fetching, Releases):
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self._story.story(*keys)
 
-    def watch_transitions(self, sink: Callable[[tuple[Any, ...]], None] | None) -> None:
-        """Hand every transition ``(key, start, finish, stimulus_id)`` to ``sink`` as
-        well as to the story, or stop (None): plugins' ``transition`` hooks are fed so."""
+    def watch_transitions(
+        self, sink: list[tuple[Any, ...]] | None, wake: Callable[[], None] | None = None
+    ) -> None:
+        """Append every transition ``(key, start, finish, stimulus_id)`` to ``sink`` as
+        well as to the story, calling ``wake()`` when ``sink`` stops being empty; or
+        stop (None). Plugins' ``transition`` hooks are fed so; unwatched, a transition
+        costs what it did before plugins existed."""
         story = self._story.append
         if sink is None:
             self._record_transition = story
             return
+        pending = sink
 
         def record(entry: tuple[Any, ...]) -> None:
             story(entry)
-            sink(entry)
+            if not pending and wake is not None:
+                wake()
+            pending.append(entry)
 
         self._record_transition = record
 

@@ -205,6 +205,9 @@ class Joins(SchedulerPlugin):
     def add_worker(self, scheduler, worker):
         scheduler.log_event("preload", {"joined": worker})
 
+    async def close(self):  # the scheduler closes
+        Path(__file__).with_suffix(".closed").write_text("closed")
+
 def shoal_setup(scheduler):
     scheduler.add_plugin(Joins())
 
@@ -272,6 +275,7 @@ def test_preload_on_scheduler_and_worker_cli(spawn: Spawn, tmp_path: Path) -> No
     sched.send_signal(2)
     assert sched.wait(20) == 0
     assert scheduler_preload.with_suffix(".done").read_text() == address
+    assert scheduler_preload.with_suffix(".closed").read_text() == "closed"
 
 
 @pytest.mark.parametrize("command", ["scheduler", "worker"])

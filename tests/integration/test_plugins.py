@@ -176,8 +176,17 @@ def test_nanny_plugin_set_up_on_every_nanny_and_restarts_workers() -> None:
         )
         assert all(value == "set by a nanny plugin" for _, value in seen)
         assert not {pid for pid, _ in seen} & (before | old_pids)
+
+        cluster.scale(3)  # a nanny that starts later sets up before its worker starts
+        client.wait_for_workers(3, timeout=30)
+        wait_until(lambda: len(recorded(client, "nanny-setup")) == 3, what="third nanny")
+        assert recorded(client, "nanny-setup")[-1]["nanny"] == "2"
+        (third,) = [a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "2"]
+        assert client.submit(environment_variable, 9, workers=[third]).result()[1] == (
+            "set by a nanny plugin"
+        )
         client.unregister_plugin("set-environment")
-        assert {e["nanny"] for e in recorded(client, "nanny-teardown")} == {"0", "1"}
+        assert {e["nanny"] for e in recorded(client, "nanny-teardown")} == {"0", "1", "2"}
 
 
 def test_task_budget_plugin_limits_tasks_per_worker_process() -> None:
@@ -261,7 +270,8 @@ def test_preload_on_scheduler_and_worker_cli(spawn: Spawn, tmp_path: Path) -> No
         str(scheduler_preload),
     )
     address = read_scheduler_file(sched_file, sched)
-    worker = spawn("worker", address, "--name", "w0", "--preload", str(worker_preload))
+    # Under a nanny: the nanny passes --preload on to the worker process it starts.
+    worker = spawn("worker", address, "--nanny", "--name", "w0", "--preload", str(worker_preload))
     with Client(address, timeout=30) as client:
         client.wait_for_workers(1, timeout=30)
         (w,) = client.scheduler_info()["workers"]

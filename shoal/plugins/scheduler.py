@@ -135,6 +135,19 @@ class SchedulerPlugins:
         self._update_watches()
         return name
 
+    def add_and_start(
+        self, plugin: Any, name: str | None = None, idempotent: bool | None = None
+    ) -> str:
+        """``add_plugin``, and its ``start`` hook spawned (a preload's plugin)."""
+        name = name or plugin_name(plugin)
+        if idempotent is None:
+            idempotent = bool(getattr(plugin, "idempotent", False))
+        if idempotent and name in self.registry:
+            return name
+        self.add_plugin(plugin, name, idempotent=False)
+        self._spawn(self.registry.call(name, "start", self.view))
+        return name
+
     async def add(
         self, plugin: Any, name: str | None = None, idempotent: bool | None = None
     ) -> BaseException | None:

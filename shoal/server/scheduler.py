@@ -140,9 +140,7 @@ class Scheduler:
     ) -> str:
         """Register a scheduler plugin from this process (a ``--preload`` module); its
         ``start`` runs in the background. Returns its name."""
-        name = self.plugins.add_plugin(plugin, name, idempotent)
-        self.plugins._spawn(self.plugins.registry.call(name, "start", self.plugins.view))
-        return name
+        return self.plugins.add_and_start(plugin, name, idempotent)
 
     async def close(self) -> None:
         await self.plugins.close()

@@ -1,5 +1,7 @@
 """Scheduler core cost per task, no network: submit, run, finish and release N
-independent tasks on W workers, plus a reduction tree. Prints microseconds per task.
+independent tasks on W workers, plus a reduction tree. Prints microseconds per task,
+also with a no-op scheduler plugin ``transition`` hook watching (each batch's
+transitions handed to it, as the server does).
 
     python benchmarks/core_overhead.py [N]
 """
@@ -10,9 +12,16 @@ import sys
 import time
 
 from shoal.core.scheduler.state import SchedulerState
+from shoal.plugins import SchedulerPlugin
+from shoal.plugins.registry import PluginRegistry
 from shoal.protocol import messages as m
 
 ARGS = m.Payload(0, b"\x92\x91\x01\x80")
+
+
+class NoOpTransitions(SchedulerPlugin):
+    def transition(self, key: object, start: str, finish: str, *args: object, **kw: object) -> None:
+        pass
 
 
 class NullComm:
@@ -27,9 +36,21 @@ class NullComm:
         pass
 
 
-def run(n: int, workers: int = 2, deps: bool = False) -> float:
+def run(n: int, workers: int = 2, deps: bool = False, watched: bool = False) -> float:
     comm = NullComm()
     s = SchedulerState(comm)
+    feed: list[tuple[object, ...]] = []
+    registry = PluginRegistry("scheduler", print, lambda coro: None)
+    if watched:
+        registry.add("noop", NoOpTransitions())
+        s.watch_transitions(feed)
+
+    def flush() -> None:  # what SchedulerPlugins does after each batch
+        if feed:
+            entries = feed[:]
+            feed.clear()
+            registry.dispatch_transitions(entries)
+
     for i in range(workers):
         s.add_worker(f"tcp://w{i}:1", f"w{i}", 1, 0, "w")
     s.add_client("c")
@@ -50,6 +71,7 @@ def run(n: int, workers: int = 2, deps: bool = False) -> float:
     where = {}
     t0 = time.perf_counter()
     s.handle_client("c", m.SubmitTasks(specs, wanted, {"f": b"F"}, "submit"))
+    flush()
     done = 0
     while comm.computes:
         batch, comm.computes = comm.computes, []
@@ -62,8 +84,10 @@ def run(n: int, workers: int = 2, deps: bool = False) -> float:
         for addr, msgs in by_worker.items():
             for i in range(0, len(msgs), 50):  # ~50 completions per frame
                 s.handle_worker(addr, *msgs[i : i + 50])
+                flush()
         done += len(batch)
     s.handle_client("c", m.ReleaseKeys(wanted, "release"))
+    flush()
     dt = time.perf_counter() - t0
     assert not s.tasks, len(s.tasks)
     return dt / len(specs) * 1e6
@@ -72,5 +96,7 @@ def run(n: int, workers: int = 2, deps: bool = False) -> float:
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
     for label, kw in [("independent", {}), ("tree", {"deps": True})]:
-        best = min(run(n, **kw) for _ in range(3))
-        print(f"{label:12s} {best:6.1f} us/task")
+        for watched in (False, True):
+            best = min(run(n, watched=watched, **kw) for _ in range(3))
+            name = label + (" + no-op transition plugin" if watched else "")
+            print(f"{name:40s} {best:6.1f} us/task")

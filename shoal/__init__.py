@@ -7,11 +7,13 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 from shoal.client.client import Client
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
+from shoal.client.plugins import PluginError
 from shoal.client.progress import progress
 from shoal.client.worker_client import get_client, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.adaptive import Adaptive
 from shoal.deploy.local import LocalCluster
+from shoal.plugins import NannyPlugin, SchedulerPlugin, WorkerPlugin
 from shoal.protocol.errors import KilledWorker, TaskInterrupted
 from shoal.protocol.serialize import SerializationError
 from shoal.shuffle import DiskShuffleRefused
@@ -26,10 +28,14 @@ __all__ = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "NannyPlugin",
     "Pin",
+    "PluginError",
+    "SchedulerPlugin",
     "Security",
     "SerializationError",
     "TaskInterrupted",
+    "WorkerPlugin",
     "__version__",
     "as_completed",
     "get_client",

@@ -150,6 +150,14 @@ def main() -> None:
     help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
 )
 @click.option(
+    "--preload",
+    multiple=True,
+    envvar="SHOAL_SCHEDULER_PRELOAD",
+    help="A module (dotted name, or path.py) to import; its shoal_setup(server) runs once "
+    "the server does, shoal_teardown(server) once it closed (Dask's dask_setup too). "
+    "Repeatable; default: the SHOAL_SCHEDULER_PRELOAD variable (space-separated).",
+)
+@click.option(
     "--handshake-timeout",
     default=HANDSHAKE_TIMEOUT,
     show_default=True,
@@ -167,6 +175,7 @@ def scheduler(
     allowed_failures: int,
     worker_ttl: float,
     handshake_timeout: float,
+    preload: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -180,6 +189,7 @@ def scheduler(
     if handshake_timeout <= 0:
         raise click.BadParameter("must be positive", param_hint="--handshake-timeout")
     security = make_security(options)
+    preloads = _import_preloads(preload)
 
     async def serve() -> None:
         s = Scheduler(
@@ -193,6 +203,11 @@ def scheduler(
             handshake_timeout=handshake_timeout,
         )
         await s.start()
+        try:
+            await _setup_preloads(preloads, s)
+        except click.ClickException:
+            await s.close()
+            raise
         stop = lambda: asyncio.ensure_future(s.close())  # noqa: E731
         _stop_on_signals(stop)
         if scheduler_file:
@@ -203,6 +218,7 @@ def scheduler(
             click.echo(f"shoal scheduler at {s.address}", err=True)
             click.echo(s.address)
         await s.finished()
+        await preloads.teardown(s)
 
     run(serve())
 
@@ -303,6 +319,14 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help="Seconds a force-cancelled task has to stop once interrupted; then the worker "
     "restarts through its nanny.",
 )
+@click.option(
+    "--preload",
+    multiple=True,
+    envvar="SHOAL_WORKER_PRELOAD",
+    help="A module (dotted name, or path.py) to import; its shoal_setup(server) runs once "
+    "the server does, shoal_teardown(server) once it closed (Dask's dask_setup too). "
+    "Repeatable; default: the SHOAL_WORKER_PRELOAD variable (space-separated).",
+)
 @click.option("--log-level", default="warning", show_default=True)
 @security_options
 def worker(
@@ -329,6 +353,7 @@ def worker(
     scheduler_timeout: float,
     reconnect: bool,
     interrupt_grace: float,
+    preload: tuple[str, ...],
     log_level: str,
     **options: Any,
 ) -> None:
@@ -376,6 +401,7 @@ def worker(
             *("--scheduler-timeout", str(scheduler_timeout)),
             *(["--reconnect"] if reconnect else []),
             *("--interrupt-grace", str(interrupt_grace)),
+            *[arg for module in preload for arg in ("--preload", module)],
         ]
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
@@ -383,6 +409,7 @@ def worker(
         return
 
     log = logging.getLogger("shoal.worker")
+    preloads = _import_preloads(preload)
     # Arrow buffers (pyarrow-backed strings, shuffles) from the C library's allocator,
     # which gives freed memory back, rather than mimalloc, which keeps it: a worker's
     # RSS is what its memory limit and the memory monitor act on. Yours wins if set.
@@ -440,10 +467,16 @@ def worker(
             if stopping.is_set():  # asked to stop while it was starting
                 await w.close("stopped")
                 return
+            try:
+                await _setup_preloads(preloads, w)
+            except click.ClickException:
+                await w.close("its preload failed")
+                raise
             if address_file:
                 _write_atomically(address_file, w.address)
             log.info("shoal worker at %s", w.address)
             await w.finished()
+            await preloads.teardown(w)
             if w.restart and restart_file:
                 _write_atomically(restart_file, w.leaving or w.close_reason)
                 exit_code = EXIT_RESTART
@@ -515,6 +548,24 @@ def _run_nanny(
         raise click.ClickException(str(e)) from None
     if code:
         raise SystemExit(code)
+
+
+def _import_preloads(specs: tuple[str, ...]) -> Any:
+    from shoal.plugins.preload import PreloadError, Preloads
+
+    try:
+        return Preloads(specs)
+    except PreloadError as e:
+        raise click.ClickException(str(e)) from None
+
+
+async def _setup_preloads(preloads: Any, server: Any) -> None:
+    from shoal.plugins.preload import PreloadError
+
+    try:
+        await preloads.setup(server)
+    except PreloadError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _write_atomically(path: str, text: str) -> None:

@@ -10,10 +10,14 @@ EXPECTED = [
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "NannyPlugin",
     "Pin",
+    "PluginError",
+    "SchedulerPlugin",
     "Security",
     "SerializationError",
     "TaskInterrupted",
+    "WorkerPlugin",
     "__version__",
     "as_completed",
     "get_client",
@@ -39,4 +43,5 @@ def test_no_accidental_public_modules():
     # except modules Python itself binds while importing them.
     public = {n for n in vars(shoal) if not n.startswith("_")}
     modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli", "shuffle"}
+    modules.add("plugins")
     assert public - set(shoal.__all__) <= modules

@@ -28,6 +28,7 @@ from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
+from shoal.client.plugins import PluginsMixin
 from shoal.client.restrictions import task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
@@ -55,7 +56,7 @@ _LATE_REPLIES = (
 T = TypeVar("T")
 
 
-class Client(ClusterInfo, PinsMixin):
+class Client(ClusterInfo, PinsMixin, PluginsMixin):
     """Connect to a scheduler (an address, a cluster object, or a new ``LocalCluster``
     when none is given) and submit work to it.
 

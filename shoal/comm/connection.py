@@ -56,6 +56,7 @@ _REPLIES = (
     m.PinReply,
     m.EventsReply,
     m.ScaleReply,
+    m.PluginReply,
 )
 
 

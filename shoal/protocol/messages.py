@@ -32,7 +32,8 @@ import msgspec
 #    RetireWorkers.ignore_pins, WorkerInfo.pins), scaling (ScaleRequest, ScaleReply),
 #    the P2P shuffle (TaskSpec.shuffle, ComputeTask.shuffle, Shuffle* messages),
 #    MissingData.tried (a copy made during the fetch is not dropped as lost).
-PROTOCOL_VERSION = 9
+# 10: plugins (RegisterPlugin, UnregisterPlugin, PluginReply) and LogEvent.
+PROTOCOL_VERSION = 10
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -795,6 +796,54 @@ class ScaleReply(Message):
     error: str = ""
 
 
+# ---------------------------------------------------------------- plugins (shoal/plugins/)
+# The one place a server unpickles what a client sent: a scheduler plugin. Worker and
+# nanny plugins pass through the scheduler as opaque bytes.
+
+
+class RegisterPlugin(Message):
+    """Client -> scheduler (``kind`` "scheduler", "worker" or "nanny"); scheduler ->
+    worker or nanny (request_id 0: one that joined later, no answer wanted)."""
+
+    request_id: int
+    kind: str
+    name: str
+    plugin: bytes  # pickled by the client; unpickled only by the processes it is for
+    idempotent: bool = False
+
+
+class UnregisterPlugin(Message):
+    request_id: int
+    name: str
+    kind: str = ""  # "": whichever kind has a plugin of that name
+
+
+class PluginResult(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    status: str  # "OK" or "error"
+    error: str = ""  # "TypeName: message"
+    traceback: str = ""
+
+
+class PluginReply(Message):
+    """What each process said (by worker address, nanny name, or "scheduler"), or
+    ``error`` when the request was refused as a whole (``error_type`` names the
+    exception the client raises: "ValueError", "PermissionError")."""
+
+    request_id: int
+    kind: str = ""
+    results: dict[str, PluginResult] = {}
+    error: str = ""
+    error_type: str = ""
+
+
+class LogEvent(Message):
+    """Worker or nanny -> scheduler: record ``data`` in the event log under ``topic``."""
+
+    topic: str
+    data: dict[str, Any]
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -853,6 +902,10 @@ AnyMessage = (
     | EventsReply
     | ScaleRequest
     | ScaleReply
+    | RegisterPlugin
+    | UnregisterPlugin
+    | PluginReply
+    | LogEvent
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -46,6 +46,7 @@ import psutil
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HandshakeError, connect
+from shoal.plugins.nanny import NannyPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.framing import Frame
@@ -106,6 +107,7 @@ class Nanny:
         self._scheduler: Connection | None = None
         self._stopping = asyncio.Event()
         self._memory_killed = ""  # why we killed the current worker, if we did
+        self.plugins = NannyPlugins(self)  # shoal/plugins/nanny.py
 
     # ---------------------------------------------------------------- the loop
 
@@ -115,6 +117,7 @@ class Nanny:
         try:
             await self._connect()
             while True:
+                await self.plugins.settled()  # every worker starts in what they prepared
                 await self._start_worker()
                 code = await self._watch()
                 address = self._read_address()
@@ -160,10 +163,20 @@ class Nanny:
                     return 0
         finally:
             await self._stop_worker()
+            await self.plugins.teardown_all()
             self._clean_directory()
             shutil.rmtree(self.directory, ignore_errors=True)
             if self._scheduler is not None:
                 self._scheduler.close()
+
+    def restart_worker(self, reason: str) -> None:
+        """Restart the running worker gracefully: SIGTERM makes it hand its results off
+        and exit asking for a fresh process, which ``run`` starts."""
+        proc = self.process
+        if proc is not None and proc.returncode is None and not self._stopping.is_set():
+            logger.info("restarting worker %s: %s", self.name, reason)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         """Stop the worker (SIGTERM, SIGKILL after a grace period) and exit."""
@@ -315,7 +328,11 @@ class Nanny:
         self._scheduler.on_close = self._scheduler_lost
 
     def _on_scheduler_frame(self, conn: Connection, frame: Frame) -> None:
-        logger.debug("nanny %s ignores %s", self.name, frame.messages)
+        for msg in frame.messages:
+            if type(msg) is m.RegisterPlugin or type(msg) is m.UnregisterPlugin:
+                self.plugins.on_message(msg)
+            else:
+                logger.debug("nanny %s ignores %s", self.name, msg)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._stopping.is_set():

@@ -24,6 +24,7 @@ from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler.state import SchedulerState
+from shoal.plugins.scheduler import SchedulerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 
@@ -38,6 +39,7 @@ def client_heartbeat_interval(n_clients: int) -> float:
 
 # Answered by the server from the core's records, between the batches of the core.
 _QUERIES = (m.WhoHasRequest, m.InfoRequest, m.GroupsRequest, m.Heartbeat, m.EventsRequest)
+_PLUGIN_REQUESTS = (m.RegisterPlugin, m.UnregisterPlugin)  # answered by self.plugins
 
 PROGRESS_INTERVAL = 0.2  # seconds between two counts of one progress watch, at most
 
@@ -92,6 +94,7 @@ class Scheduler:
         self._pushed_frame: list[bytes | memoryview] | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._progress_pusher: asyncio.Task[None] | None = None
+        self.plugins = SchedulerPlugins(self)  # shoal/plugins/scheduler.py
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -132,7 +135,15 @@ class Scheduler:
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: readers never see half a file
 
+    def add_plugin(
+        self, plugin: object, name: str | None = None, idempotent: bool | None = None
+    ) -> str:
+        """Register a scheduler plugin from this process (a ``--preload`` module); its
+        ``start`` runs in the background. Returns its name."""
+        return self.plugins.add_and_start(plugin, name, idempotent)
+
     async def close(self) -> None:
+        await self.plugins.close()
         if self._server is not None:
             self._server.close()
         for task in (self._watchdog, self._pusher, self._progress_pusher):
@@ -164,7 +175,7 @@ class Scheduler:
         elif hello.role == "client":
             self._add_client(conn, hello)
         elif hello.role == "nanny":
-            self._add_nanny(conn)
+            self._add_nanny(conn, hello)
         else:
             conn.abort(f"the scheduler does not accept role {hello.role!r}")
 
@@ -183,6 +194,7 @@ class Scheduler:
             return
         self._workers[address] = conn
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name or address))
+        self.plugins.worker_joining(conn)
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             msgs = frame.messages
@@ -224,6 +236,8 @@ class Scheduler:
         self._clients[client_id] = conn
         self.state.add_client(client_id)
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id))
+        if self.plugins.watching_clients:
+            self.plugins.add_client(client_id)
         if hello.subscribe:  # clients inside tasks do not: they would multiply the pushes
             self._subscribe(client_id, conn)
 
@@ -235,6 +249,11 @@ class Scheduler:
                         self._client_batch(client_id, batch)
                         batch = []
                     conn.send(self._answer(msg))
+                elif isinstance(msg, _PLUGIN_REQUESTS):
+                    if batch:
+                        self._client_batch(client_id, batch)
+                        batch = []
+                    self.plugins.on_request(conn, msg)
                 else:
                     batch.append(msg)
             if batch:
@@ -245,6 +264,8 @@ class Scheduler:
             if self._clients.pop(client_id, None) is not None:
                 self.state.tick(time.time())
                 self.state.remove_client(client_id, self._sid("client-closed"))
+                if self.plugins.watching_clients:
+                    self.plugins.remove_client(client_id)
 
         conn.on_close = on_close
         conn.set_handler(on_frame)
@@ -255,6 +276,8 @@ class Scheduler:
             self.state.handle_client(client_id, *batch)
         except TypeError as e:
             raise ProtocolError(str(e)) from None
+        if self.plugins.watching_graphs:
+            self.plugins.update_graph(client_id, batch)
 
     def _answer(
         self,
@@ -361,15 +384,21 @@ class Scheduler:
                 if conn is not None:
                     conn.abort(f"no heartbeat within the {ttl:.1f}s TTL: removed")
 
-    def _add_nanny(self, conn: Connection) -> None:
+    def _add_nanny(self, conn: Connection, hello: m.Hello) -> None:
         """A nanny reports the exits of the worker it supervises (a kill for memory
-        before it happens, so a KilledWorker can say so)."""
+        before it happens, so a KilledWorker can say so), and runs nanny plugins."""
+        name = hello.name
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, "nanny"))
+        self.plugins.nanny_joined(name, conn)
+        conn.on_close = lambda conn, exc: self.plugins.nanny_left(name, conn)
 
         def on_frame(conn: Connection, frame: Frame) -> None:
             for msg in frame.messages:
                 if type(msg) is m.Heartbeat:  # "have you read my reports?" (before a kill)
                     conn.send(m.HeartbeatReply(msg.request_id, 0.0))
+                    continue
+                if type(msg) is m.LogEvent and msg.topic:  # a nanny plugin's event
+                    self.state.log_event(msg.topic, {**msg.data, "nanny": name})
                     continue
                 if type(msg) is not m.WorkerExited:
                     raise ProtocolError(f"a nanny may not send {type(msg).__name__}")

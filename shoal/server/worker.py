@@ -52,6 +52,7 @@ from shoal.core.worker.state import (
     UpdateDataEvent,
     WorkerState,
 )
+from shoal.plugins.worker import WorkerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.errors import TaskInterrupted
 from shoal.protocol.framing import Frame, ProtocolError, message_buffers
@@ -194,6 +195,7 @@ class Worker:
         # Shuffle tasks sent again while an execution of an older run still runs here:
         # fed in once it has ended, so that its result never answers the new run.
         self._deferred: dict[Any, m.ComputeTask] = {}
+        self.plugins = WorkerPlugins(self)  # shoal/plugins/worker.py
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -254,6 +256,7 @@ class Worker:
             return
         self.close_reason = self.close_reason or reason
         self._closed.set()
+        await self.plugins.teardown_all()  # while the scheduler can still hear of failures
         with self._client_lock:
             client, self._client = self._client, None
         if client is not None:  # first: tasks waiting on its futures end
@@ -279,6 +282,11 @@ class Worker:
             self._spill.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)
         self._close_done.set()
+
+    def add_plugin(self, plugin: Any, name: str | None = None) -> Any:
+        """Register a worker plugin from this process (a ``--preload`` module) and run
+        its ``setup``: what it raised, or None (an awaitable of that if async)."""
+        return self.plugins.add(plugin, name)
 
     async def finished(self) -> None:
         """Wait until the worker is closed, and done closing."""
@@ -380,6 +388,11 @@ class Worker:
                 self.shuffle.on_restart(msg.id, msg.run)
             elif type(msg) is m.ShuffleForget:
                 self.shuffle.on_forget(msg.id, msg.run)
+            elif type(msg) is m.RegisterPlugin or type(msg) is m.UnregisterPlugin:
+                if events:  # in order: a plugin set up here sees the tasks after it
+                    self._handle(events)
+                    events = []
+                self.plugins.on_message(msg)
             elif type(msg) is m.CloseWorker:
                 logger.info("the scheduler closes this worker: %s", msg.reason)
                 self.close_reason = msg.reason
@@ -436,6 +449,8 @@ class Worker:
                 raise TypeError(f"unknown instruction {inst!r}")
         if self._deferred:
             self._resume_deferred()
+        if self.plugins.watching:
+            self.plugins.flush_transitions()
 
     def _execute(self, key: Any) -> None:
         assert self.state is not None

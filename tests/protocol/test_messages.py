@@ -260,6 +260,21 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         reason="up: 10 tasks",
         error="minimum (3) must not exceed maximum (2)",
     ),
+    m.RegisterPlugin: m.RegisterPlugin(
+        request_id=25, kind="worker", name="budget", plugin=b"\x80\x05.", idempotent=True
+    ),
+    m.UnregisterPlugin: m.UnregisterPlugin(request_id=26, name="budget", kind="nanny"),
+    m.PluginReply: m.PluginReply(
+        request_id=25,
+        kind="worker",
+        results={
+            "tcp://127.0.0.1:4": m.PluginResult("OK"),
+            "tcp://127.0.0.1:5": m.PluginResult("error", "ValueError: no", "Traceback ..."),
+        },
+        error="no plugin named 'x' is registered",
+        error_type="ValueError",
+    ),
+    m.LogEvent: m.LogEvent("plugins", {"plugin": "budget", "hook": "setup"}, "plugin-1"),
 }
 
 

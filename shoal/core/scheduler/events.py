@@ -10,7 +10,11 @@ given by the caller (the core has no clock); ``data`` is a dict of plain values
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from shoal.core.story import StoryLog
+from shoal.protocol import messages as m
 
 DEFAULT_EVENTS_PER_TOPIC = 1_000  # as Dask's distributed.admin.low-level-log-length
 
@@ -53,6 +57,7 @@ class Events:
     event timestamps, pin leases), as Dask stamps its events with wall time."""
 
     pins: dict[int, Any]
+    log: StoryLog
 
     if TYPE_CHECKING:
 
@@ -62,6 +67,30 @@ class Events:
     def _init_events(self, maxlen: int = DEFAULT_EVENTS_PER_TOPIC) -> None:
         self.events = EventLog(maxlen)
         self.wall_time = 0.0  # the latest wall-clock time a tick brought
+        # Where each transition (key, start, finish, stimulus_id) is recorded: the story,
+        # and while watched (``watch_transitions``) a sink of the server's too.
+        self._record_transition: Callable[[tuple[Any, ...]], None] = self.log.append
+
+    def watch_transitions(
+        self, sink: list[tuple[Any, ...]] | None, wake: Callable[[], None] | None = None
+    ) -> None:
+        """Append every transition ``(key, start, finish, stimulus_id)`` to ``sink`` as
+        well as to the story, calling ``wake()`` when ``sink`` stops being empty; or
+        stop (None). Plugins' ``transition`` hooks are fed so; unwatched, a transition
+        costs what it did before plugins existed."""
+        story = self.log.append
+        if sink is None:
+            self._record_transition = story
+            return
+        pending = sink
+
+        def record(entry: tuple[Any, ...]) -> None:
+            story(entry)
+            if not pending and wake is not None:
+                wake()
+            pending.append(entry)
+
+        self._record_transition = record
 
     def tick(self, now: float, stimulus_id: str = "") -> None:
         """The server's wall clock (``time.time()``), given before each batch of events
@@ -75,6 +104,12 @@ class Events:
     def log_event(self, topic: str, data: dict[str, Any]) -> None:
         """Record ``data`` under ``topic``, stamped with the latest tick."""
         self.events.add(topic, self.wall_time, data)
+
+    def _worker_log_event(self, ws: Any, msg: m.LogEvent) -> None:
+        """A worker's event (a plugin's, or a plugin that failed there)."""
+        if not msg.topic:
+            raise TypeError("a LogEvent needs a non-empty topic")
+        self.log_event(msg.topic, {**msg.data, "worker": ws.address})
 
     def get_events(self, topic: str | None = None) -> dict[str, list[Event]]:
         """The events of ``topic`` (``{topic: [...]}``), or of every topic."""

@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.comm import Comm
@@ -112,6 +112,12 @@ class Membership:
         # may cancel them while their worker is still there. Address -> the status
         # ("running" or "paused") the worker goes back to then, as it last reported.
         self.scaling_down: dict[str, str] = {}
+        # Told ("add" or "remove", address, stimulus_id) of every worker that joins or
+        # is removed, however it goes (plugins' add_worker / remove_worker hooks).
+        self._worker_watch: Callable[[tuple[str, str, str]], None] | None = None
+
+    def watch_workers(self, sink: Callable[[tuple[str, str, str]], None] | None) -> None:
+        self._worker_watch = sink
 
     # ------------------------------------------------------------------ joining and leaving
 
@@ -136,6 +142,8 @@ class Membership:
         self.version += 1
         self._index_worker(ws)
         self.log.append(("worker-added", address, stimulus_id))
+        if self._worker_watch is not None:
+            self._worker_watch(("add", address, stimulus_id))
         # Tasks that could not be placed without workers may go now.
         self._done(stimulus_id)
         return ws
@@ -157,6 +165,8 @@ class Membership:
         if address in self.runnable:
             self._unindex_worker(ws)
         self.log.append(("worker-removed", address, reason or "", stimulus_id))
+        if self._worker_watch is not None:
+            self._worker_watch(("remove", address, stimulus_id))
         if ws.pins:
             self._unpin_worker(ws, stimulus_id, reason or "removed")
         self.scaling_down.pop(address, None)

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import heapq
 import weakref
-from collections.abc import Collection
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord, min_slots
 from shoal.core.story import StoryLog
@@ -107,6 +107,7 @@ class Placement:
     workers: dict[str, WorkerRecord]
     log: StoryLog
     transition_counter: int
+    _record_transition: Callable[[tuple[Any, ...]], None]
 
     if TYPE_CHECKING:
 
@@ -282,7 +283,7 @@ class Placement:
             if ts.state != "queued":
                 continue  # released while queued: a stale entry
             ws = heapq.heappop(free)[2]
-            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self._record_transition((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
             if self._is_free(ws):
@@ -370,7 +371,7 @@ class Placement:
                 heapq.heappop(tops)
                 continue
             heapq.heappop(r.queue)
-            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self._record_transition((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
             top = _live_top(r)

@@ -139,7 +139,7 @@ class SchedulerState(
             return {}
         func = self._table.get((start, finish))
         if func is not None:
-            self.log.append((ts.key, start, finish, stimulus_id))
+            self._record_transition((ts.key, start, finish, stimulus_id))
             self.transition_counter += 1
             return func(ts, stimulus_id, **kwargs)
         # Two-step paths through "released" (e.g. memory -> forgotten).
@@ -458,6 +458,7 @@ class SchedulerState(
     _worker_handlers: dict[type, Callable[..., None]] = {
         **WorkerReports._worker_handlers,
         m.ShuffleStats: ShuffleCoordinator._shuffle_stats,
+        m.LogEvent: Events._worker_log_event,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:
@@ -505,7 +506,7 @@ class SchedulerState(
 
     def _set_memory(self, ts: TaskState, stimulus_id: str) -> None:
         """A released task whose data arrived without being computed (scatter)."""
-        self.log.append((ts.key, ts.state, "memory", stimulus_id))
+        self._record_transition((ts.key, ts.state, "memory", stimulus_id))
         ts.state = "memory"
         ts.group.nbytes += ts.nbytes
         ts.prefix.nbytes += ts.nbytes

@@ -173,6 +173,8 @@ class WorkerState(Fetching, Releases):
         self.tasks: dict[Key, WTask] = {}
         self._story = StoryLog()
         self._log = self._story.append
+        # Where transitions are recorded: the story, and while watched a sink too.
+        self._record_transition = self._story.append
         self._out: list[Instruction] = []
         self._ready: list[tuple[tuple[int, ...], int, WTask]] = []  # heap, lazy deletion
         self._constrained: list[tuple[tuple[int, ...], int, WTask]] = []  # ready, need resources
@@ -246,6 +248,27 @@ class WorkerState(Fetching, Releases):
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self._story.story(*keys)
 
+    def watch_transitions(
+        self, sink: list[tuple[Any, ...]] | None, wake: Callable[[], None] | None = None
+    ) -> None:
+        """Append every transition ``(key, start, finish, stimulus_id)`` to ``sink`` as
+        well as to the story, calling ``wake()`` when ``sink`` stops being empty; or
+        stop (None). Plugins' ``transition`` hooks are fed so; unwatched, a transition
+        costs what it did before plugins existed."""
+        story = self._story.append
+        if sink is None:
+            self._record_transition = story
+            return
+        pending = sink
+
+        def record(entry: tuple[Any, ...]) -> None:
+            story(entry)
+            if not pending and wake is not None:
+                wake()
+            pending.append(entry)
+
+        self._record_transition = record
+
     # --- transitions ------------------------------------------------------------------
 
     def _transition(self, ts: WTask, finish: str, sid: str) -> None:
@@ -253,7 +276,7 @@ class WorkerState(Fetching, Releases):
         func = self._TRANSITIONS.get((start, finish))
         if func is None:
             raise InvalidTransition(ts.key, start, finish, self._story.story(ts.key))
-        self._log((ts.key, start, finish, sid))
+        self._record_transition((ts.key, start, finish, sid))
         func(self, ts, sid)
 
     def _transition_released_waiting(self, ts: WTask, sid: str) -> None:

@@ -56,6 +56,12 @@ class Walltime:
         comm: Comm
 
         def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
+        def _worker_leaving(self, ws: WorkerRecord, msg: m.WorkerLeaving) -> None: ...
+
+        workers: dict[str, WorkerRecord]
+        retiring: dict[str, Any]
+        free_workers: set[WorkerRecord]
+
         def _valid_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
 
     def _init_walltime(self) -> None:
@@ -69,6 +75,9 @@ class Walltime:
         # workers, their budgets (``limits_changed``) nor the clock changed.
         self.limits_version = 0
         self._longest_cache: tuple[int, float, float] = (-1, 0.0, 0.0)
+        # Workers at the end of their lifetime or budget that wait for another worker to
+        # take their results (see _walltime_leaving) -> the WorkerLeaving they sent.
+        self.waiting_to_leave: dict[str, m.WorkerLeaving] = {}
 
     # ------------------------------------------------------------------ what fits where
 
@@ -116,6 +125,43 @@ class Walltime:
             return list(self.runnable)
         live = [a for a, ws in self.runnable.items() if self._time_left(ws) > 0]
         return live or list(self.runnable)
+
+    # ------------------------------------------------------------------ leaving
+
+    def _walltime_leaving(self, ws: WorkerRecord, msg: m.WorkerLeaving) -> None:
+        """``WorkerLeaving``. One at the end of its lifetime or budget (``walltime``)
+        with results and no other worker to take them waits: it is given no task (its
+        budget is set to what it was given) but stays a home for the results of other
+        leaving workers, so that two workers spent at once do not both lose theirs;
+        it goes once a worker joins. Any other leaves at once (membership.py)."""
+        if msg.walltime and ws.has_what and not self._others_to_copy_to(ws):
+            if ws.address not in self.waiting_to_leave:
+                if ws.budget is None and ws.deadline is None and ws.address in self.runnable:
+                    self.nlimited += 1  # limited from now on
+                ws.budget = ws.assigned  # no new task
+                self.free_workers.discard(ws)
+                self.limits_version += 1
+                self.waiting_to_leave[ws.address] = msg
+                self.log_event(
+                    SCHEDULING_TOPIC,
+                    {"action": "leave-waits", "worker": ws.address, "reason": msg.reason},
+                )
+            return
+        self.waiting_to_leave.pop(ws.address, None)
+        self._worker_leaving(ws, msg)
+
+    def _others_to_copy_to(self, ws: WorkerRecord) -> bool:
+        return any(w is not ws and w.address not in self.retiring for w in self.runnable.values())
+
+    def _let_waiting_leave(self) -> None:
+        """A worker came: the walltime leavers that waited for one go now."""
+        for address, msg in list(self.waiting_to_leave.items()):
+            ws = self.workers.get(address)
+            if ws is None:
+                del self.waiting_to_leave[address]
+            elif self._others_to_copy_to(ws):
+                del self.waiting_to_leave[address]
+                self._worker_leaving(ws, msg)
 
     # ------------------------------------------------------------------ parking
 

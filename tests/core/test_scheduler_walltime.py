@@ -352,3 +352,15 @@ def test_a_walltime_leaver_holding_nothing_goes_at_once():
     sim.finish("a-1")  # not wanted: released at once
     sim.s.handle_worker(W1, WorkerLeaving("budget", True, "leave-1", walltime=True))
     assert W1 not in sim.s.workers
+
+
+def test_a_loose_restriction_runs_elsewhere_when_its_named_worker_has_no_budget_left():
+    sim = sim_at()
+    sim.add_worker(W1, max_tasks=1)
+    sim.add_worker(W2)
+    prefer_w1 = TaskRestrictions(workers=[W1], allow_other_workers=True)
+    sim.submit({"a-1": [], "a-2": []}, restrictions={"a-1": prefer_w1, "a-2": prefer_w1})
+    assert sorted([sim.worker_of("a-1"), sim.worker_of("a-2")]) == [W1, W2]
+    strict_w1 = TaskRestrictions(workers=[W1])
+    sim.submit({"b-1": []}, restrictions={"b-1": strict_w1})
+    assert sim.ts("b-1") in sim.s.parked  # a strict one waits (W1 may never take it)

@@ -63,6 +63,7 @@ class Walltime:
         free_workers: set[WorkerRecord]
 
         def _valid_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
+        def _capable_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
 
     def _init_walltime(self) -> None:
         self.nlimited = 0  # runnable workers with a deadline or a budget
@@ -106,6 +107,25 @@ class Walltime:
         """Those of ``workers`` that ``ts`` fits (time and budget)."""
         duration = self.expected_duration(ts)
         return [ws for ws in workers if self._fits(ws, duration)]
+
+    def _valid_fitting(self, ts: TaskState, r: Restrictions) -> list[WorkerRecord]:
+        """The workers ``r`` allows that ``ts`` fits. A loose restriction (``workers=``
+        with ``allow_other_workers``) allows any capable worker when none it names
+        fits, as when none is connected."""
+        fit = self._fitting(ts, self._valid_workers(r))
+        if not fit and r.loose:
+            fit = self._fitting(ts, self._capable_workers(r))
+        return fit
+
+    def _allowed(self, ts: TaskState) -> list[WorkerRecord]:
+        """The workers ``ts`` may run on (whether it fits them or not)."""
+        r = ts.restrictions
+        if r is None:
+            return list(self.runnable.values())
+        workers = list(self._valid_workers(r))
+        if r.loose and not self._fitting(ts, workers):
+            workers = list(self._capable_workers(r))
+        return workers
 
     def _longest_left(self, workers: Iterable[WorkerRecord]) -> float:
         """The most seconds any of ``workers`` has for a new task (-inf: none has any)."""
@@ -171,7 +191,7 @@ class Walltime:
         duration = self.expected_duration(ts)
         if r is None and duration <= self._longest_runnable():
             return False  # the common case, O(1) for a batch of queued tasks
-        workers = list(self.runnable.values() if r is None else self._valid_workers(r))
+        workers = self._allowed(ts)
         longest = self._longest_left(workers)
         if duration <= longest:
             return False
@@ -233,8 +253,7 @@ class Walltime:
         self._parked_recheck_at = self.wall_time + PARKED_RECHECK
         for ts in list(self.parked):
             r = ts.restrictions
-            workers = self.runnable.values() if r is None else self._valid_workers(r)
-            if self._longest_left(workers) < self.expected_duration(ts):
+            if self._longest_left(self._allowed(ts)) < self.expected_duration(ts):
                 continue
             self._unpark_one(ts)
             if r is None:

@@ -170,3 +170,27 @@ def test_bad_durations_are_refused_by_the_call(inproc_cluster: LocalCluster) -> 
             client.compute(dask.delayed(where)(1))
         with dask.annotate(duration="10m"):
             assert client.compute(dask.delayed(where)(1)).result(timeout=20) == (1, "")
+
+
+def slow_square(i: int) -> int:
+    time.sleep(0.02)
+    return i * i
+
+
+@pytest.mark.timeout(60)
+def test_a_task_sent_beyond_the_budget_is_refused_and_runs_elsewhere(
+    inproc_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scheduler never sends more than a budget: here it does not know of one (the
+    # worker said none when it joined), so the worker's own check is what holds.
+    first = inproc_cluster._workers[0]
+    first.lifetime.max_tasks = 2
+    with Client(inproc_cluster, timeout=30) as client, caplog.at_level(logging.WARNING):
+        futs = client.map(slow_square, range(20))
+        assert client.gather(futs) == [i * i for i in range(20)]  # none lost, none erred
+        assert first.lifetime.assigned == 2
+        refused = [r for r in caplog.records if "beyond its budget" in r.getMessage()]
+        assert refused
+        assert "more than its 2 tasks" in first.leaving
+        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, 20, "it to leave")
+        wait_for(lambda: first.close_reason, 20, "it to close")

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import child_env
 from recording_scheduler import recording_scheduler, wait_for
 from test_nanny import gone, worker_child, workers_named
 
@@ -105,6 +104,8 @@ def test_a_hinted_task_waits_for_a_worker_with_time_and_the_client_is_told_once(
             )  # fmt: skip
             time.sleep(0.5)  # it ran nowhere meanwhile
             assert not any(f.done() for f in longs)
+            from conftest import child_env  # here: workers import this module too
+
             env = {**child_env(), "SHOAL_TEST_NAME": "fresh"}
             spawn("worker", s.address, "--name", "fresh", "--lifetime", "1h", env=env)
             assert sorted(client.gather(longs)) == [(i, "fresh") for i in range(3)]

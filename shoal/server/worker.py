@@ -69,6 +69,7 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server.interrupt import TaskThreads, ThreadSlot
+from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
@@ -136,6 +137,10 @@ class Worker:
         local_directory: str | None = None,
         under_nanny: bool = False,
         interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
+        lifetime: float | None = None,
+        lifetime_stagger: float = 0.0,
+        lifetime_restart: bool = False,
+        max_tasks: int | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -154,6 +159,8 @@ class Worker:
         self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
         self.under_nanny = under_nanny  # a nanny starts a new process if it exits to restart
         self.interrupt_grace = interrupt_grace  # then a stuck interrupted thread restarts us
+        # --lifetime / --max-tasks: leave when time is up or the budget spent (lifetime.py)
+        self.lifetime = Lifetime(lifetime, lifetime_stagger, lifetime_restart, max_tasks)
         self._task_threads = TaskThreads()  # which thread runs which task (to interrupt it)
         self._stuck: set[Any] = set()  # tasks whose threads did not stop when interrupted
         self.leaving = ""  # why it told the scheduler it leaves (WorkerLeaving), if it did
@@ -204,6 +211,7 @@ class Worker:
             tune_gc()
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
+        self.lifetime.start(time.monotonic())
         self._server, self.address = await listen(
             self.host, self.port, self._accept_peer, self.security
         )
@@ -231,11 +239,16 @@ class Worker:
             memory_limit=self.memory_limit,
             pid=os.getpid(),
             resources=self.resources,
+            lifetime=self.lifetime.remaining(time.monotonic()),
+            max_tasks=self.lifetime.max_tasks,
         )
         self.scheduler, welcome = await connect(
             self.scheduler_address, hello, security=self.security
         )
         self.name = welcome.assigned
+        left = self.lifetime.remaining(time.monotonic())
+        if left is not None:
+            self._loop.call_later(left, self._end_of_life, "its lifetime is over")
         self.scheduler.on_close = self._scheduler_lost
         self.scheduler.set_handler(self._on_scheduler_frame)
         for _ in range(self.nthreads):
@@ -294,7 +307,12 @@ class Worker:
         await self._close_done.wait()
 
     async def leave(
-        self, reason: str, retire: bool = True, restart: bool = False, timeout: float | None = None
+        self,
+        reason: str,
+        retire: bool = True,
+        restart: bool = False,
+        timeout: float | None = None,
+        walltime: bool = False,
     ) -> None:
         """Go away on purpose: tell the scheduler (``WorkerLeaving``), which moves the
         running tasks elsewhere and, with ``retire``, copies the results only this
@@ -310,7 +328,7 @@ class Worker:
         if conn is not None and not conn.closed:
             logger.info("worker %s leaves: %s", self.address, reason)
             sid = f"worker-leaving-{next(self._stimulus)}"
-            conn.send(m.WorkerLeaving(reason, retire, sid))
+            conn.send(m.WorkerLeaving(reason, retire, sid, walltime))
             wait = LEAVE_TIMEOUT if timeout is None else timeout
             try:
                 await asyncio.wait_for(self._closed.wait(), wait)
@@ -324,6 +342,10 @@ class Worker:
         if not self._closed.is_set():
             self._spawn(self.leave("received SIGTERM", retire=True, restart=self.under_nanny))
             # (close() cancels the other background tasks, never the one it runs in)
+
+    def _end_of_life(self, reason: str) -> None:
+        """Time is up or the task budget spent: leave gracefully (lifetime.py)."""
+        end_of_life(self, reason)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
@@ -372,7 +394,9 @@ class Worker:
     def _on_scheduler_frame(self, conn: Connection, frame: Frame) -> None:
         events: list[Any] = []
         for msg in frame.messages:
-            if type(msg) is m.FunctionDefs:
+            if type(msg) is m.ComputeTask and not self.lifetime.accept():
+                refuse(self, msg)
+            elif type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
             elif type(msg) is m.ComputeTask and msg.shuffle is not None:
                 self.shuffle.on_compute(msg)
@@ -401,6 +425,8 @@ class Worker:
                 raise ProtocolError(f"the scheduler may not send {type(msg).__name__}")
         if events:
             self._handle(events)
+        if self.lifetime.budget_spent:
+            check_budget(self)
 
     def _compute_shuffle_task(self, msg: m.ComputeTask) -> None:
         assert self.state is not None
@@ -673,6 +699,8 @@ class Worker:
             events, self._results = self._results, []
         if events and not self._closed.is_set():
             self._handle(events)
+            if self.lifetime.budget_spent:
+                check_budget(self)
 
     # ---------------------------------------------------------------- peers
 

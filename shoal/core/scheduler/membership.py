@@ -76,6 +76,7 @@ class Membership:
     clients: dict[str, ClientRecord]
     comm: Comm
     log: StoryLog
+    wall_time: float
 
     if TYPE_CHECKING:
 
@@ -86,6 +87,9 @@ class Membership:
         def _transition(self, ts: TaskState, finish: str, stimulus_id: str) -> Recs: ...
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
+        def _let_waiting_leave(self) -> None: ...
+
+        waiting_to_leave: dict[str, Any]
         def _unpin_worker(self, ws: WorkerRecord, stimulus_id: str, why: str) -> None: ...
         def pinned_why(self, ws: WorkerRecord) -> str: ...
         def _shuffle_worker_removed(self, address: str, reason: str, stimulus_id: str) -> None: ...
@@ -131,11 +135,22 @@ class Membership:
         resources: Mapping[str, float] | None = None,
         pid: int = 0,
         now: float = 0.0,
+        lifetime: float | None = None,
+        max_tasks: int | None = None,
     ) -> WorkerRecord:
+        """``lifetime``: seconds it has left (its deadline is that much past the latest
+        ``tick``); ``max_tasks``: how many tasks it may be given (walltime.py)."""
         if address in self.workers:
             raise ValueError(f"a worker at {address} is already registered")
+        if lifetime is not None and not lifetime >= 0:
+            raise ValueError(f"a worker's remaining lifetime is >= 0 seconds, not {lifetime}")
+        if max_tasks is not None and max_tasks < 0:
+            raise ValueError(f"a worker's task budget is >= 0, not {max_tasks}")
         self._now = max(self._now, now)
-        ws = WorkerRecord(address, name, nthreads, memory_limit, resources, pid, now)
+        deadline = None if lifetime is None else self.wall_time + lifetime
+        ws = WorkerRecord(
+            address, name, nthreads, memory_limit, resources, pid, now, deadline, max_tasks
+        )
         self.workers[address] = ws
         self.total_threads += nthreads
         self.total_memory += memory_limit
@@ -144,6 +159,8 @@ class Membership:
         self.log.append(("worker-added", address, stimulus_id))
         if self._worker_watch is not None:
             self._worker_watch(("add", address, stimulus_id))
+        if self.waiting_to_leave:  # walltime leavers may hand it their results now
+            self._let_waiting_leave()
         # Tasks that could not be placed without workers may go now.
         self._done(stimulus_id)
         return ws
@@ -170,6 +187,7 @@ class Membership:
         if ws.pins:
             self._unpin_worker(ws, stimulus_id, reason or "removed")
         self.scaling_down.pop(address, None)
+        self.waiting_to_leave.pop(address, None)
         retirement = self.retiring.pop(address, None)
         if retirement is not None:
             self._retirement_over(retirement, address, None if expected else reason or "it died")

@@ -57,6 +57,24 @@ def test_the_deadline_moves_with_the_clock():
     assert sim.worker_of("b-1") == W1  # a shorter task behind it still goes
 
 
+def test_a_task_is_not_queued_behind_work_that_would_make_it_miss_the_deadline():
+    # The walltime benchmark's case: one thread, 100 s left, tasks of 40 s. Each alone
+    # fits, but one queued behind a running task starts 40 s later and would be killed.
+    sim = sim_at()
+    sim.add_worker(W1, nthreads=1, lifetime=100.0)
+    keys = [f"long-{i}" for i in range(4)]
+    sim.submit({k: [] for k in keys}, durations=dict.fromkeys(keys, 40.0))
+    given = [k for k in keys if sim.state(k) == "processing"]
+    assert given == ["long-0", "long-1"]  # 0-40 and 40-80: both end before 100
+    sim.s.tick(T0 + 40)
+    sim.finish("long-0", duration=40.0)
+    # long-1 runs until 80; a third would end at 120
+    assert [k for k in keys if sim.state(k) == "processing"] == ["long-1"]
+    assert sim.state("long-2") == "queued"
+    sim.add_worker(W2, nthreads=1, lifetime=1000.0)  # a fresh worker takes the rest
+    assert sim.worker_of("long-2") == W2
+
+
 def test_a_task_fitting_no_worker_waits_says_so_once_and_goes_to_a_fresh_worker():
     sim = sim_at()
     sim.add_worker(W1, lifetime=3600.0)
@@ -80,8 +98,13 @@ def test_a_task_fitting_no_worker_waits_says_so_once_and_goes_to_a_fresh_worker(
     sim.submit({"small-1": []})
     assert sim.worker_of("small-1") == W1
     sim.add_worker(W2, lifetime=5 * 3600.0)
-    assert sim.worker_of("big-1") == W2 and sim.worker_of("big-2") == W2
+    # W2 fits one (the second, behind it, would end at 8 h): the other waits for W2 or
+    # another worker, no longer parked as fitting none
+    placed = [k for k in ("big-1", "big-2") if sim.state(k) == "processing"]
+    assert len(placed) == 1 and sim.worker_of(placed[0]) == W2
     assert not sim.s.parked and not sim.s.parked_prefixes
+    sim.add_worker(W3, lifetime=5 * 3600.0)
+    assert {sim.worker_of("big-1"), sim.worker_of("big-2")} == {W2, W3}
     assert scheduling_events(sim)[-1] == {"action": "placeable", "prefix": "big"}
     # A new episode says so again.
     sim.submit({"big-3": []}, durations={"big-3": 10 * 3600.0})

@@ -221,7 +221,7 @@ class Placement:
     def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
         ts.processing_on = ws
         ws.processing.add(ts)
-        ts.estimate = est = ts.prefix.mean_duration
+        ts.estimate = est = self.expected_duration(ts)  # the hint, if any
         ws.occupancy += est
         if ws.budget is not None:
             ws.assigned += 1  # never given back: the worker counts its ComputeTasks too
@@ -248,6 +248,8 @@ class Placement:
             for resource, need in r.resources.items():
                 used[resource] -= need
             self._retry_restricted = True
+        elif ws.deadline is not None and self.restricted:
+            self._retry_restricted = True  # less work ahead: one may now end in time
         if not ws.processing:
             ws.occupancy = 0.0  # no drift from float sums
             for resource in ws.used_resources:

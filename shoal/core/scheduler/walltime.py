@@ -6,8 +6,8 @@
   run; at registration the scheduler turns the seconds into a *deadline* on its own
   wall clock (``wall_time``, from ``tick``: the core never reads a clock) and keeps
   the budget (``WorkerRecord.deadline``, ``.budget``, ``.assigned``).
-- A worker fits a task only if ``now + expected duration <= deadline`` and it was given
-  fewer tasks than its budget. The expected duration is the task's hint
+- A worker fits a task only if ``now + the work already given to it (per thread) +
+  expected duration <= deadline`` and it was given fewer tasks than its budget. The expected duration is the task's hint
   (``submit(duration=)``, ``dask.annotate(duration=)``), else its prefix's measured
   mean, else the unknown default (``UNKNOWN_DURATION``). Every path that puts a task on
   a worker goes through ``_decide_worker`` or ``_schedule_queued`` (placement.py),
@@ -99,9 +99,15 @@ class Walltime:
         return INFINITY if ws.deadline is None else ws.deadline - self.wall_time
 
     def _fits(self, ws: WorkerRecord, duration: float) -> bool:
+        """Whether a task of ``duration`` seconds given to ``ws`` now would finish
+        before its deadline: it starts after the work already given to ``ws``
+        (its occupancy, spread over its threads; a running task counts whole, which
+        errs on the safe side), so a task queued behind another is not started late."""
         if ws.budget is not None and ws.assigned >= ws.budget:
             return False
-        return ws.deadline is None or self.wall_time + duration <= ws.deadline
+        if ws.deadline is None:
+            return True
+        return self.wall_time + ws.occupancy / ws.nthreads + duration <= ws.deadline
 
     def _fitting(self, ts: TaskState, workers: Iterable[WorkerRecord]) -> list[WorkerRecord]:
         """Those of ``workers`` that ``ts`` fits (time and budget)."""

@@ -303,6 +303,32 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help="Seconds a force-cancelled task has to stop once interrupted; then the worker "
     "restarts through its nanny.",
 )
+@click.option(
+    "--lifetime",
+    default=None,
+    help='Leave after this long ("55m", "4h", seconds), gracefully: no new task, running '
+    "ones finish, results handed to other workers. The scheduler starts no task here "
+    "that would not finish in time.",
+)
+@click.option(
+    "--lifetime-stagger",
+    default="0",
+    show_default=True,
+    help="Spread --lifetime by a random +-this much, so workers started together do not "
+    "all leave at once.",
+)
+@click.option(
+    "--lifetime-restart/--no-lifetime-restart",
+    default=False,
+    show_default=True,
+    help="At the end of --lifetime or --max-tasks, have the nanny start a fresh worker "
+    "under the same name (needs --nanny); else exit.",
+)
+@click.option(
+    "--max-tasks",
+    default=None,
+    help="Run at most this many tasks, then leave as at the end of --lifetime.",
+)
 @click.option("--log-level", default="warning", show_default=True)
 @security_options
 def worker(
@@ -329,6 +355,10 @@ def worker(
     scheduler_timeout: float,
     reconnect: bool,
     interrupt_grace: float,
+    lifetime: str | None,
+    lifetime_stagger: str,
+    lifetime_restart: bool,
+    max_tasks: str | None,
     log_level: str,
     **options: Any,
 ) -> None:
@@ -364,6 +394,7 @@ def worker(
         raise click.BadParameter(str(e)) from None
     if limit is None:  # no limit: no thresholds
         fractions = MemoryFractions(None, None, None, None)
+    walltime = _walltime_options(lifetime, lifetime_stagger, max_tasks)
     name = name or f"{os.uname().nodename}-{os.getpid()}"
     if nanny:
         passed = [
@@ -376,6 +407,10 @@ def worker(
             *("--scheduler-timeout", str(scheduler_timeout)),
             *(["--reconnect"] if reconnect else []),
             *("--interrupt-grace", str(interrupt_grace)),
+            *(["--lifetime", lifetime] if lifetime is not None else []),
+            *("--lifetime-stagger", lifetime_stagger),
+            *(["--lifetime-restart"] if lifetime_restart else []),
+            *(["--max-tasks", max_tasks] if max_tasks is not None else []),
         ]
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
@@ -406,6 +441,8 @@ def worker(
             local_directory=local_directory,
             under_nanny=restart_file is not None,
             interrupt_grace=interrupt_grace,
+            lifetime_restart=lifetime_restart,
+            **walltime,
         )
 
     exit_code = 0
@@ -456,6 +493,21 @@ def worker(
     run(serve())
     if exit_code:
         raise SystemExit(exit_code)
+
+
+def _walltime_options(lifetime: str | None, stagger: str, max_tasks: str | None) -> dict[str, Any]:
+    """The Worker arguments of --lifetime, --lifetime-stagger and --max-tasks; a bad
+    value is a usage error naming its option."""
+    from shoal.durations import parse_duration, parse_task_budget
+
+    try:
+        return {
+            "lifetime": None if lifetime is None else parse_duration(lifetime, "--lifetime"),
+            "lifetime_stagger": parse_duration(stagger, "--lifetime-stagger", allow_zero=True),
+            "max_tasks": None if max_tasks is None else parse_task_budget(max_tasks, "--max-tasks"),
+        }
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 async def _start_worker(

@@ -14,39 +14,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.adaptive import DEFAULT_TASK_DURATION, AdaptivePolicy
+from shoal.durations import parse_duration
 from shoal.protocol import messages as m
 
 if TYPE_CHECKING:
     from shoal.deploy.elastic import ElasticCluster
 
 logger = logging.getLogger("shoal.adaptive")
-
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*$")
-
-
-def parse_duration(value: Any, option: str) -> float:
-    """Seconds from ``value``: a number of seconds, or a string such as ``"5s"``,
-    ``"200ms"``, ``"1m"``, ``"1.5h"``. Anything else, or a duration that is not > 0, is
-    a ValueError naming ``option``."""
-    seconds: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _DURATION.match(value.lower())
-        if match and match.group(2) in ("", *_UNITS):
-            seconds = float(match.group(1)) * _UNITS.get(match.group(2), 1.0)
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
-            f"{option} must be a duration > 0 such as '5s', '200ms' or '1m' "
-            f"(or a number of seconds), not {value!r}"
-        )
-    return seconds
 
 
 class Adaptive:

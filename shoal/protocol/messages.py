@@ -32,7 +32,10 @@ import msgspec
 #    RetireWorkers.ignore_pins, WorkerInfo.pins), scaling (ScaleRequest, ScaleReply),
 #    the P2P shuffle (TaskSpec.shuffle, ComputeTask.shuffle, Shuffle* messages),
 #    MissingData.tried (a copy made during the fetch is not dropped as lost).
-PROTOCOL_VERSION = 9
+# 10: walltime: Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and
+#    task budget), TaskSpec.duration (a task's expected duration, a hint),
+#    WorkerInfo.lifetime_left and tasks_left, TaskUnplaceable.
+PROTOCOL_VERSION = 10
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -157,6 +160,11 @@ class Hello(Message):
     pid: int = 0
     subscribe: bool = True
     resources: dict[str, Amount] = {}  # a worker's totals, e.g. {"GPU": 2}
+    # A worker's remaining lifetime in seconds (--lifetime, staggered) and task budget
+    # (--max-tasks) when it says hello; None: unlimited. Relative, as clocks differ
+    # between hosts: the scheduler turns the lifetime into a deadline on its own clock.
+    lifetime: float | None = None
+    max_tasks: int | None = None
 
 
 class Welcome(Message):
@@ -196,9 +204,14 @@ class TaskSpec(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # task one byte (nil) instead of three.
     restrictions: TaskRestrictions | None = None
     shuffle: ShuffleMark | None = None  # a task of a P2P shuffle (see the P2P section)
+    # Expected seconds it runs (``submit(duration=)``, ``dask.annotate(duration=)``):
+    # not started on a worker whose remaining lifetime is shorter. None: measured.
+    duration: float | None = None
 
     def __post_init__(self) -> None:
         _check_decoded_key(self.key)
+        if self.duration is not None and not (self.duration >= 0 and self.duration < 1e300):
+            raise msgspec.ValidationError(f"invalid task duration {self.duration!r}")
 
 
 class SubmitTasks(Message):
@@ -283,6 +296,19 @@ class KeyCancelled(Message):
     stimulus_id: str = ""
 
 
+class TaskUnplaceable(Message):
+    """Scheduler -> clients that want ``key`` (or all, if none does): it fits no
+    connected worker's remaining lifetime or task budget, and waits for one that it
+    fits (a fresh worker). Sent once per episode of a prefix's tasks waiting so."""
+
+    key: Key
+    prefix: str
+    duration: float  # the seconds it is expected to run
+    longest_left: float | None  # the most seconds any worker has left (None: no worker)
+    reason: str
+    stimulus_id: str = ""
+
+
 class WhoHasReply(Message):
     request_id: int
     who_has: list[tuple[Key, list[str]]]
@@ -302,6 +328,8 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     status: str = "running"  # "running" | "paused" | "retiring"
     memory: int = 0  # process memory at the last heartbeat
     pins: list[PinInfo] = []  # the pins holding it
+    lifetime_left: float | None = None  # seconds to its deadline (None: no lifetime)
+    tasks_left: int | None = None  # tasks it may still be given (None: no budget)
 
 
 class InfoReply(Message):
@@ -809,6 +837,7 @@ AnyMessage = (
     | KeyInMemory
     | KeyErred
     | KeyCancelled
+    | TaskUnplaceable
     | WhoHasReply
     | InfoReply
     | FunctionDefs

@@ -68,6 +68,7 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server.interrupt import TaskThreads, ThreadSlot
+from shoal.server.lifetime import Lifetime, computing
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
@@ -135,6 +136,10 @@ class Worker:
         local_directory: str | None = None,
         under_nanny: bool = False,
         interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
+        lifetime: float | None = None,
+        lifetime_stagger: float = 0.0,
+        lifetime_restart: bool = False,
+        max_tasks: int | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -153,6 +158,8 @@ class Worker:
         self.close_reason = ""  # why it closed: "retired", "lost the scheduler: ...", ...
         self.under_nanny = under_nanny  # a nanny starts a new process if it exits to restart
         self.interrupt_grace = interrupt_grace  # then a stuck interrupted thread restarts us
+        # --lifetime / --max-tasks: leave when time is up or the budget spent (lifetime.py)
+        self.lifetime = Lifetime(lifetime, lifetime_stagger, lifetime_restart, max_tasks)
         self._task_threads = TaskThreads()  # which thread runs which task (to interrupt it)
         self._stuck: set[Any] = set()  # tasks whose threads did not stop when interrupted
         self.leaving = ""  # why it told the scheduler it leaves (WorkerLeaving), if it did
@@ -202,6 +209,7 @@ class Worker:
             tune_gc()
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
+        self.lifetime.start(time.monotonic())
         self._server, self.address = await listen(
             self.host, self.port, self._accept_peer, self.security
         )
@@ -229,11 +237,16 @@ class Worker:
             memory_limit=self.memory_limit,
             pid=os.getpid(),
             resources=self.resources,
+            lifetime=self.lifetime.remaining(time.monotonic()),
+            max_tasks=self.lifetime.max_tasks,
         )
         self.scheduler, welcome = await connect(
             self.scheduler_address, hello, security=self.security
         )
         self.name = welcome.assigned
+        left = self.lifetime.remaining(time.monotonic())
+        if left is not None:
+            self._loop.call_later(left, self._end_of_life, "its lifetime is over")
         self.scheduler.on_close = self._scheduler_lost
         self.scheduler.set_handler(self._on_scheduler_frame)
         for _ in range(self.nthreads):
@@ -317,6 +330,30 @@ class Worker:
             self._spawn(self.leave("received SIGTERM", retire=True, restart=self.under_nanny))
             # (close() cancels the other background tasks, never the one it runs in)
 
+    def _end_of_life(self, reason: str) -> None:
+        """Time is up or the task budget spent: retire gracefully (results copied
+        off first); with --lifetime-restart, exit for the nanny to start afresh."""
+        if not self._closed.is_set() and not self.leaving:
+            logger.info("worker %s: %s", self.address, reason)
+            self._spawn(self.leave(reason, retire=True, restart=self.lifetime.restart))
+
+    def _check_budget(self) -> None:
+        """Once every task of the budget has ended here, leave."""
+        assert self.state is not None
+        if not self.leaving and not computing(self.state):
+            self._end_of_life(f"it ran its {self.lifetime.max_tasks} tasks (--max-tasks)")
+
+    def _refuse(self, msg: m.ComputeTask) -> None:
+        """A task beyond the budget (the scheduler should never send one): not run; the
+        worker leaves, and the scheduler then places the task elsewhere."""
+        logger.warning(
+            "worker %s refuses task %r: beyond its budget of %s tasks",
+            self.address,
+            msg.key,
+            self.lifetime.max_tasks,
+        )
+        self._end_of_life(f"it was sent more than its {self.lifetime.max_tasks} tasks")
+
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
             logger.info("lost the scheduler (%s); closing", conn.close_reason)
@@ -364,7 +401,9 @@ class Worker:
     def _on_scheduler_frame(self, conn: Connection, frame: Frame) -> None:
         events: list[Any] = []
         for msg in frame.messages:
-            if type(msg) is m.FunctionDefs:
+            if type(msg) is m.ComputeTask and not self.lifetime.accept():
+                self._refuse(msg)
+            elif type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
             elif type(msg) is m.ComputeTask and msg.shuffle is not None:
                 self.shuffle.on_compute(msg)
@@ -388,6 +427,8 @@ class Worker:
                 raise ProtocolError(f"the scheduler may not send {type(msg).__name__}")
         if events:
             self._handle(events)
+        if self.lifetime.budget_spent:
+            self._check_budget()
 
     def _compute_shuffle_task(self, msg: m.ComputeTask) -> None:
         assert self.state is not None
@@ -658,6 +699,8 @@ class Worker:
             events, self._results = self._results, []
         if events and not self._closed.is_set():
             self._handle(events)
+            if self.lifetime.budget_spent:
+                self._check_budget()
 
     # ---------------------------------------------------------------- peers
 

@@ -28,6 +28,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         pid=4242,
         subscribe=False,
         resources={"GPU": 2.0, "MEM": 10e9},
+        lifetime=3300.0,
+        max_tasks=5,
     ),
     m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
     m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
@@ -48,6 +50,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                     resources={"GPU": 1.0},
                 ),
                 shuffle=m.ShuffleMark("abc", "transfer", 0),
+                duration=14400.0,
             ),
             m.TaskSpec(key="data", func="", payload=SMALL),
         ],
@@ -75,6 +78,14 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         stimulus_id="task-erred-1",
     ),
     m.KeyCancelled: m.KeyCancelled(key=7, reason="client cancelled", stimulus_id="cancel-2"),
+    m.TaskUnplaceable: m.TaskUnplaceable(
+        key=("long", 0),
+        prefix="long",
+        duration=14400.0,
+        longest_left=3600.0,
+        reason="fits no worker's remaining lifetime",
+        stimulus_id="unplaceable-1",
+    ),
     m.WhoHasReply: m.WhoHasReply(
         request_id=5, who_has=[("a", ["tcp://w:1", "tcp://w:2"]), (("b", 1), [])]
     ),
@@ -94,6 +105,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 tasks_run=99,
                 resources={"GPU": 2.0},
                 pins=[m.PinInfo(3, "shuffle", "client:client-1-x", expires=1.7e9)],
+                lifetime_left=120.5,
+                tasks_left=3,
             )
         ],
         tasks=12,
@@ -474,6 +487,13 @@ def test_an_unrestricted_task_pays_one_byte_for_restrictions():
     # the nil of its one restrictions field, nothing more
     assert encoded.endswith(b"\xc0")
     assert len(encoded) == len(msgspec.msgpack.encode(msgspec.structs.astuple(plain)[:-1])) + 1
+
+
+@pytest.mark.parametrize("duration", [-1.0, float("nan"), float("inf")])
+def test_negative_or_nan_task_durations_are_refused(duration):
+    raw = msgspec.structs.astuple(m.TaskSpec("k", "", SMALL))[:-1] + (duration,)
+    with pytest.raises(ProtocolError, match="invalid task duration"):
+        decode_raw([["SubmitTasks", [raw], []]])
 
 
 def test_bad_message_anywhere_in_batch_is_refused():

@@ -44,9 +44,10 @@ import psutil
 from shoal.client.loop import LoopRunner
 from shoal.comm.security import Security
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
-from shoal.deploy.adaptive import DEFAULT_TASK_DURATION, Adaptive, parse_duration
+from shoal.deploy.adaptive import DEFAULT_TASK_DURATION, Adaptive
 from shoal.deploy.elastic import ElasticCluster
 from shoal.deploy.local import _cluster_security
+from shoal.durations import parse_duration
 from shoal.jobqueue import _options as opt
 from shoal.jobqueue._job import RUNNING, JobSpec, JobSystem
 from shoal.jobqueue._tracker import JobTracker, TrackedJob
@@ -82,6 +83,7 @@ class JobQueueCluster(ElasticCluster):
         job_name: str = "shoal-worker",
         lifetime_margin: str | float | None = None,
         lifetime_stagger: str | float | None = None,
+        worker_lifetime: bool = True,
         nanny: bool = True,
         security: Security | None = None,
         token: str | bool | None = None,
@@ -103,7 +105,7 @@ class JobQueueCluster(ElasticCluster):
         walltime_s = None if walltime is None else opt.parse_walltime(walltime)
         self.lifetime = (
             None
-            if walltime_s is None
+            if walltime_s is None or not worker_lifetime
             else opt.worker_lifetime(walltime_s, lifetime_margin, lifetime_stagger)
         )
         self.processes = processes

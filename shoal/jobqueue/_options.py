@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from shoal.deploy.adaptive import parse_duration
+from shoal.durations import parse_duration
 from shoal.server.memory import parse_bytes
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
@@ -95,12 +95,11 @@ def worker_lifetime(walltime: int, margin: Any = None, stagger: Any = None) -> t
         if margin is None
         else parse_duration(margin, "lifetime_margin")
     )
-    if stagger is None:
-        stagger_s = min(walltime * 0.05, 240.0)
-    elif stagger == 0:
-        stagger_s = 0.0
-    else:
-        stagger_s = parse_duration(stagger, "lifetime_stagger")
+    stagger_s = (
+        min(walltime * 0.05, 240.0)
+        if stagger is None
+        else parse_duration(stagger, "lifetime_stagger", allow_zero=True)
+    )
     lifetime = walltime - margin_s - stagger_s
     if lifetime - stagger_s < 1:
         raise ValueError(

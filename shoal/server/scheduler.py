@@ -181,6 +181,12 @@ class Scheduler:
         if hello.nthreads < 1:
             conn.abort(f"a worker needs at least one thread, not {hello.nthreads}")
             return
+        if hello.lifetime is not None and not 0 <= hello.lifetime < float("inf"):
+            conn.abort(f"a worker's remaining lifetime is >= 0 seconds, not {hello.lifetime}")
+            return
+        if hello.max_tasks is not None and hello.max_tasks < 0:
+            conn.abort(f"a worker's task budget is >= 0 tasks, not {hello.max_tasks}")
+            return
         self._workers[address] = conn
         conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, hello.name or address))
 
@@ -205,6 +211,7 @@ class Scheduler:
 
         conn.on_close = on_close
         conn.set_handler(on_frame)
+        self.state.tick(time.time())  # its remaining lifetime becomes a deadline from now
         self.state.add_worker(
             address,
             hello.name,
@@ -214,6 +221,8 @@ class Scheduler:
             hello.resources,
             pid=hello.pid,
             now=time.monotonic(),
+            lifetime=hello.lifetime,
+            max_tasks=hello.max_tasks,
         )
         logger.info(
             "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources

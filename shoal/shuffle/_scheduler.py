@@ -115,6 +115,7 @@ class ShuffleCoordinator:
         ) -> Any: ...
         def release_pins_of(self, owner: str, stimulus_id: str, why: str) -> None: ...
         def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
+        def workers_with_time(self) -> list[str]: ...
 
         pin_owner_kinds: dict[str, Callable[[str], bool]]
 
@@ -241,7 +242,7 @@ class ShuffleCoordinator:
     def _shuffle_start(self, rec: ShuffleRecord, stimulus_id: str) -> None:
         rec.run = self._next_shuffle_run()
         rec.running = True
-        rec.participants = tuple(sorted(self.runnable))
+        rec.participants = tuple(sorted(self.workers_with_time()))
         # (started again: an unpack's result was lost, say) what is done is what is held
         rec.done = {p for p, ts in rec.unpacks.items() if ts.state == "memory"}
         self._shuffle_begin_run(rec, stimulus_id)
@@ -274,7 +275,7 @@ class ShuffleCoordinator:
             if address in self.workers:
                 self.comm.send_worker(address, m.ShuffleRestart(rec.id, rec.run, stimulus_id))
         rec.participants = tuple(a for a in old if a in self.runnable) or tuple(
-            sorted(self.runnable)
+            sorted(self.workers_with_time())
         )
         rec.done = {p for p in rec.done if rec.unpacks[p].state == "memory"}
         self._shuffle_event(

@@ -72,9 +72,20 @@ class Sim:
         memory_limit: int = 2**30,
         resources: Mapping[str, float] | None = None,
         name: str | None = None,
+        lifetime: float | None = None,
+        max_tasks: int | None = None,
     ) -> None:
         name = address.split("//")[-1] if name is None else name
-        self.s.add_worker(address, name, nthreads, memory_limit, "add-w", resources)
+        self.s.add_worker(
+            address,
+            name,
+            nthreads,
+            memory_limit,
+            "add-w",
+            resources,
+            lifetime=lifetime,
+            max_tasks=max_tasks,
+        )
 
     def remove_worker(self, address: str, sid: str = "remove-w") -> None:
         self.s.remove_worker(address, sid)
@@ -92,12 +103,14 @@ class Sim:
         func: Mapping[Key, str] | None = None,
         group: Mapping[Key, str] | None = None,
         restrictions: Mapping[Key, TaskRestrictions] | None = None,
+        durations: Mapping[Key, float] | None = None,
         functions: Mapping[str, bytes] = FUNCS,
         sid: str = "submit",
     ) -> None:
         """Submit ``{key: [dependencies]}``; by default the client wants every key."""
         priority, retries = priority or {}, retries or {}
         func, group, restrictions = func or {}, group or {}, restrictions or {}
+        durations = durations or {}
         specs = [
             TaskSpec(
                 key,
@@ -108,6 +121,7 @@ class Sim:
                 priority=priority.get(key, 0),
                 retries=retries.get(key, 0),
                 restrictions=restrictions.get(key),
+                duration=durations.get(key),
             )
             for key, deps in dag.items()
         ]

@@ -44,6 +44,7 @@ class Introspection:
     total_memory: int
     total_nbytes: int
     log: StoryLog
+    wall_time: float
 
     if TYPE_CHECKING:
 
@@ -77,6 +78,8 @@ class Introspection:
                 [m.PinInfo(p.id, p.reason, p.owner, p.expires) for p in self.pins_of(ws.address)]
                 if ws.pins
                 else [],
+                None if ws.deadline is None else max(0.0, ws.deadline - self.wall_time),
+                None if ws.budget is None else max(0, ws.budget - ws.assigned),
             )
             for ws in itertools.islice(self.workers.values(), max(0, start), stop)
         ]

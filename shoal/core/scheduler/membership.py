@@ -76,6 +76,7 @@ class Membership:
     clients: dict[str, ClientRecord]
     comm: Comm
     log: StoryLog
+    wall_time: float
 
     if TYPE_CHECKING:
 
@@ -125,11 +126,22 @@ class Membership:
         resources: Mapping[str, float] | None = None,
         pid: int = 0,
         now: float = 0.0,
+        lifetime: float | None = None,
+        max_tasks: int | None = None,
     ) -> WorkerRecord:
+        """``lifetime``: seconds it has left (its deadline is that much past the latest
+        ``tick``); ``max_tasks``: how many tasks it may be given (walltime.py)."""
         if address in self.workers:
             raise ValueError(f"a worker at {address} is already registered")
+        if lifetime is not None and not lifetime >= 0:
+            raise ValueError(f"a worker's remaining lifetime is >= 0 seconds, not {lifetime}")
+        if max_tasks is not None and max_tasks < 0:
+            raise ValueError(f"a worker's task budget is >= 0, not {max_tasks}")
         self._now = max(self._now, now)
-        ws = WorkerRecord(address, name, nthreads, memory_limit, resources, pid, now)
+        deadline = None if lifetime is None else self.wall_time + lifetime
+        ws = WorkerRecord(
+            address, name, nthreads, memory_limit, resources, pid, now, deadline, max_tasks
+        )
         self.workers[address] = ws
         self.total_threads += nthreads
         self.total_memory += memory_limit

@@ -136,6 +136,9 @@ class WorkerRecord:
         "spilled",
         "last_seen",
         "pins",
+        "deadline",
+        "budget",
+        "assigned",
     )
 
     def __init__(
@@ -147,6 +150,8 @@ class WorkerRecord:
         resources: Mapping[str, float] | None = None,
         pid: int = 0,
         now: float = 0.0,
+        deadline: float | None = None,
+        budget: int | None = None,
     ):
         self.address = address
         self.name = name or address
@@ -180,6 +185,12 @@ class WorkerRecord:
         self.spilled = 0
         self.last_seen = now  # when it last sent anything (the server's clock)
         self.pins: set[int] = set()  # ids of the pins holding it (core/scheduler/pins.py)
+        # Walltime (core/scheduler/walltime.py): when its lifetime ends, on the
+        # scheduler's wall clock, and how many tasks it may be given in all; None: no
+        # limit. ``assigned`` counts tasks given to it, only while it has a budget.
+        self.deadline = deadline
+        self.budget = budget
+        self.assigned = 0
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"

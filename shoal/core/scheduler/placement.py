@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import heapq
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord, min_slots
 from shoal.core.story import StoryLog
 from shoal.protocol.messages import Key, TaskRestrictions
 
+MAX_SET_ASIDE = 1000  # walltime: queued tasks passed over per round, that fit only busy workers
 QUEUE_HORIZON = 0.02  # seconds of expected work a worker may hold beyond its slots
 MAX_PER_THREAD = 1000  # hard cap on tasks processing per thread
 BANDWIDTH = 100e6  # bytes/s assumed for moving a dependency between workers
@@ -107,8 +108,22 @@ class Placement:
     workers: dict[str, WorkerRecord]
     log: StoryLog
     transition_counter: int
+    # walltime (core/scheduler/walltime.py)
+    nlimited: int
+    limits_version: int
+    parked: dict[TaskState, None]
+    _recheck_parked: bool
 
     if TYPE_CHECKING:
+
+        def _fitting(
+            self, ts: TaskState, workers: Iterable[WorkerRecord]
+        ) -> list[WorkerRecord]: ...
+        def _fits(self, ws: WorkerRecord, duration: float) -> bool: ...
+        def _time_left(self, ws: WorkerRecord) -> float: ...
+        def expected_duration(self, ts: TaskState) -> float: ...
+        def _park_if_unfit(self, ts: TaskState, stimulus_id: str) -> bool: ...
+        def _forget_parked(self, ts: TaskState) -> None: ...
 
         def _transition_queued_processing(
             self, ts: TaskState, stimulus_id: str, ws: WorkerRecord | None = None
@@ -142,6 +157,11 @@ class Placement:
         if self._is_free(ws):
             self.free_workers.add(ws)
         self._retry_restricted = True  # room, perhaps the first valid worker
+        if ws.deadline is not None or ws.budget is not None:
+            self.nlimited += 1
+        self.limits_version += 1  # the longest time left may change
+        if self.parked:
+            self._recheck_parked = True  # time left, perhaps, for a task that waits
 
     def _unindex_worker(self, ws: WorkerRecord) -> None:
         """``ws`` gets no new tasks (it left, paused or is retiring)."""
@@ -154,8 +174,13 @@ class Placement:
                     del index[name]
         self.free_workers.discard(ws)
         self._retry_restricted = True  # loose tasks may now run on any worker
+        if ws.deadline is not None or ws.budget is not None:
+            self.nlimited -= 1
+        self.limits_version += 1  # the longest time left may change
 
     def _is_free(self, ws: WorkerRecord) -> bool:
+        if ws.budget is not None and ws.assigned >= ws.budget:
+            return False  # its task budget is spent (walltime)
         n = len(ws.processing) - len(ws.long_running)
         if n < ws.min_slots:
             return True
@@ -196,6 +221,9 @@ class Placement:
         ws.processing.add(ts)
         ts.estimate = est = ts.prefix.mean_duration
         ws.occupancy += est
+        if ws.budget is not None:
+            ws.assigned += 1  # never given back: the worker counts its ComputeTasks too
+            self.limits_version += 1
         r = ts.restrictions
         if r is not None and r.resources:
             used = ws.used_resources
@@ -235,6 +263,8 @@ class Placement:
             allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
             if r.slotted:
                 allowed = [ws for ws in allowed if ws in self.free_workers]
+            if self.nlimited:
+                allowed = self._fitting(ts, allowed)
             if not allowed:
                 return None
             if len(allowed) > 1:  # rather not where every thread is draining
@@ -254,8 +284,14 @@ class Placement:
             # (min_slots is 0 only while every thread of the worker is draining)
             candidates = {ws for ws in local if ws.min_slots and ws.address in self.runnable}
             candidates.update(self.free_workers)
+            if self.nlimited:
+                candidates = set(self._fitting(ts, candidates))
             if not candidates:
-                runnable = self.runnable.values()
+                runnable: Collection[WorkerRecord] = self.runnable.values()
+                if self.nlimited:
+                    runnable = self._fitting(ts, runnable)
+                    if not runnable:
+                        return None  # no worker has the time or budget left for it
                 candidates = {ws for ws in runnable if ws.min_slots} or set(runnable)
         best = None
         best_cost: tuple[float, int, str] | None = None
@@ -272,6 +308,9 @@ class Placement:
 
     def _schedule_queued(self, stimulus_id: str) -> None:
         """Hand root tasks from the queue to workers with free capacity, best first."""
+        if self.nlimited:
+            self._schedule_queued_walltime(stimulus_id)
+            return
         queue = self.queue
         # One task at a time to the least loaded free worker, so idle threads on other
         # workers are used before any worker gets its extra slot.
@@ -287,6 +326,48 @@ class Placement:
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
             if self._is_free(ws):
                 heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
+
+    def _schedule_queued_walltime(self, stimulus_id: str) -> None:
+        """``_schedule_queued`` when some workers have a deadline or budget: each task
+        goes to the least loaded free worker it fits. One that fits no free worker is
+        passed over (it waits for a busy worker it fits: at most MAX_SET_ASIDE per
+        round), or parked if it fits no worker at all."""
+        queue, parked = self.queue, self.parked
+        free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
+        heapq.heapify(free)
+        # Fitting is monotone in the duration: a task no shorter than one that fit no
+        # free worker fits none either (budgets do not depend on the duration).
+        shortest_unfit = float("inf")
+        aside: list[tuple[tuple[int, ...], TaskState]] = []
+        while queue and free and len(aside) < MAX_SET_ASIDE:
+            entry = heapq.heappop(queue)
+            ts = entry[1]
+            if ts.state != "queued" or ts in parked:
+                continue  # stale, or waiting for a worker with time (re-queued then)
+            duration = self.expected_duration(ts)
+            ws = None
+            if duration < shortest_unfit:
+                passed = []
+                while free:
+                    candidate = heapq.heappop(free)
+                    if self._fits(candidate[2], duration):
+                        ws = candidate[2]
+                        break
+                    passed.append(candidate)
+                for candidate in passed:
+                    heapq.heappush(free, candidate)
+            if ws is None:
+                shortest_unfit = min(shortest_unfit, duration)
+                if not self._park_if_unfit(ts, stimulus_id):
+                    aside.append(entry)
+                continue
+            self.log.append((ts.key, "queued", "processing", stimulus_id))
+            self.transition_counter += 1
+            self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            if self._is_free(ws):
+                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
+        for entry in aside:
+            heapq.heappush(queue, entry)
 
     # ------------------------------------------------------------------ restrictions
 
@@ -337,6 +418,8 @@ class Placement:
 
     def _dequeue(self, ts: TaskState) -> None:
         """``ts`` leaves state "queued"; its heap entry goes stale (skipped later)."""
+        if self.parked and ts in self.parked:
+            self._forget_parked(ts)
         r = ts.restrictions
         if r is None:
             self.nqueued -= 1
@@ -355,7 +438,7 @@ class Placement:
         root = self._root_top()
         tops: list[tuple[tuple[int, ...], int, Restrictions]] = []
         for i, r in enumerate(self.restricted):
-            top = _live_top(r)
+            top = _live_top(r, self.parked)
             if top is not None:
                 tops.append((top.priority, i, r))
         heapq.heapify(tops)
@@ -367,13 +450,21 @@ class Placement:
                 continue
             ws = self._decide_worker(ts)
             if ws is None:
+                if self.nlimited and self._park_if_unfit(ts, stimulus_id):
+                    heapq.heappop(r.queue)  # out of the way of the tasks behind it
+                    top = _live_top(r, self.parked)
+                    if top is None:
+                        heapq.heappop(tops)
+                    else:
+                        heapq.heapreplace(tops, (top.priority, i, r))
+                    continue
                 heapq.heappop(tops)
                 continue
             heapq.heappop(r.queue)
             self.log.append((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
-            top = _live_top(r)
+            top = _live_top(r, self.parked)
             if top is None:
                 heapq.heappop(tops)
             else:
@@ -381,15 +472,16 @@ class Placement:
 
     def _root_top(self) -> TaskState | None:
         """The best task of the root-task queue, dropping stale entries on the way."""
-        queue = self.queue
-        while queue and queue[0][1].state != "queued":
+        queue, parked = self.queue, self.parked
+        while queue and (queue[0][1].state != "queued" or (parked and queue[0][1] in parked)):
             heapq.heappop(queue)
         return queue[0][1] if queue else None
 
 
-def _live_top(r: Restrictions) -> TaskState | None:
-    """The best queued task of ``r``, dropping stale entries on the way."""
+def _live_top(r: Restrictions, parked: dict[TaskState, None]) -> TaskState | None:
+    """The best queued task of ``r``, dropping stale entries (and parked tasks: queued
+    again when they fit a worker) on the way."""
     queue = r.queue
-    while queue and queue[0][1].state != "queued":
+    while queue and (queue[0][1].state != "queued" or (parked and queue[0][1] in parked)):
         heapq.heappop(queue)
     return queue[0][1] if queue else None

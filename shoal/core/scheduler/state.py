@@ -41,6 +41,7 @@ from shoal.core.scheduler.progress import Progress
 from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.scaling import Scaling
 from shoal.core.scheduler.validation import validate_scheduler_state
+from shoal.core.scheduler.walltime import Walltime
 from shoal.core.story import InvalidTransition, StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -77,6 +78,7 @@ class SchedulerState(
     Events,
     Scaling,
     ShuffleCoordinator,
+    Walltime,
 ):
     def __init__(
         self,
@@ -98,6 +100,7 @@ class SchedulerState(
         self._function_ids: dict[Any, Any] = {}  # shared copies of ids and id tuples
         self.log = StoryLog()
         self._init_placement()
+        self._init_walltime()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
         self._init_events()
@@ -164,6 +167,8 @@ class SchedulerState(
         """End of one event: hand queued tasks to free threads, then check."""
         if self.shuffles:  # a shuffle whose tasks are ready starts before they are placed
             self._shuffles_check(stimulus_id)
+        if self.parked and (self._recheck_parked or self.wall_time >= self._parked_recheck_at):
+            self._recheck(stimulus_id)  # a worker came, or measured durations changed
         if self._retry_restricted or (self.nslotted and self.free_workers):
             self._schedule_restricted(stimulus_id)
         if self.retiring:
@@ -255,6 +260,8 @@ class SchedulerState(
                 )
                 if spec.restrictions is not None:
                     ts.restrictions = self._restrictions(spec.restrictions)
+                if spec.duration is not None:
+                    self.hints[ts] = spec.duration
                 if spec.shuffle is not None:
                     self._shuffle_task_added(ts, spec.shuffle)
                 tasks[key] = ts
@@ -607,6 +614,8 @@ class SchedulerState(
     def _transition_waiting_queued(self, ts: TaskState, stimulus_id: str) -> Recs:
         ts.state = "queued"
         self._enqueue(ts)
+        if self.nlimited and ts.restrictions is None:
+            self._park_if_unfit(ts, stimulus_id)  # no worker has the time left for it
         return {}
 
     def _transition_waiting_processing(self, ts: TaskState, stimulus_id: str) -> Recs:
@@ -811,6 +820,8 @@ class SchedulerState(
             return {}
         ts.state = "forgotten"
         del self.tasks[ts.key]
+        if self.hints:
+            self.hints.pop(ts, None)
         if self.shuffle_tasks:
             self._shuffle_task_forgotten(ts, stimulus_id)
         if self.suspicious:

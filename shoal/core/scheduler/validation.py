@@ -120,7 +120,11 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(r.nqueued == len(queued), f"queue count {r.nqueued} != {len(queued)} of {r}")
         entries = {id(t) for _, t in r.queue}
         for ts in queued:
-            check(id(ts) in entries, "queued task missing from its restrictions' queue", ts)
+            check(
+                id(ts) in entries or ts in state.parked,
+                "queued task missing from its restrictions' queue",
+                ts,
+            )
         # Placement runs at the end of every event: a task that could go should have.
         best = min(queued, key=lambda t: t.priority)
         where = state._decide_worker(best)
@@ -185,6 +189,18 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         for resource in ws.resources:
             indexed = ws in state.by_resource.get(resource, ())
             check(indexed == runnable, f"{resource} of {ws.address}")
+        if ws.budget is not None:  # walltime: never more tasks than its budget
+            check(ws.assigned <= ws.budget, f"{ws.address} given more than its task budget")
+    limited = [
+        ws for ws in state.runnable.values() if ws.deadline is not None or ws.budget is not None
+    ]
+    check(state.nlimited == len(limited), f"nlimited {state.nlimited} != {len(limited)}")
+    for ts in state.parked:
+        check(ts.state == "queued" and ts.key in state.tasks, "parked task not queued", ts)
+    parked: dict[str, int] = {}
+    for ts in state.parked:
+        parked[ts.prefix.name] = parked.get(ts.prefix.name, 0) + 1
+    check(parked == state.parked_prefixes, f"parked prefixes {state.parked_prefixes} != {parked}")
     for name, holders in state.by_alias.items():
         check(all(name in ws.aliases and ws.address in state.runnable for ws in holders), name)
     check(all(state.workers.get(a) is ws for a, ws in state.runnable.items()), "runnable index")

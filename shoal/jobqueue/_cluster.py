@@ -55,6 +55,7 @@ from shoal.protocol import messages as m
 
 logger = logging.getLogger("shoal.jobqueue")
 _live: weakref.WeakSet[JobQueueCluster] = weakref.WeakSet()
+JOIN_SAMPLE_INTERVAL = 0.1  # seconds between looks at which jobs' workers have joined
 
 
 class JobQueueCluster(ElasticCluster):
@@ -169,6 +170,7 @@ class JobQueueCluster(ElasticCluster):
         env.update(self.security.to_env())  # passed on to the job by the queue system
         self._tracker = JobTracker(self._system, spec, env)
         self._watcher = asyncio.ensure_future(self._watch())
+        self._join_watcher = asyncio.ensure_future(self._watch_joins())
 
     # ------------------------------------------------------------------ public
 
@@ -281,12 +283,24 @@ class JobQueueCluster(ElasticCluster):
             except Exception as e:  # squeue failing now and then: look again next time
                 logger.warning("watching the jobs: %s: %s", type(e).__name__, e)
 
-    async def _watch_once(self) -> None:
-        ended = await self._tracker.poll()
+    async def _watch_joins(self) -> None:
+        """Note every job whose worker joined, between polls of the queue too (a worker
+        may join and leave before the next poll)."""
+        while True:
+            await asyncio.sleep(JOIN_SAMPLE_INTERVAL)
+            if any(len(j.joined) < len(j.names) for j in self._tracker.live()):
+                self._note_joins()
+
+    def _note_joins(self) -> None:
         joined = {ws.name for ws in self._scheduler.state.workers.values()}
-        now = time.monotonic()
-        for job in self._tracker.jobs.values():
+        for job in self._tracker.live():
             job.joined.update(joined.intersection(job.names))
+
+    async def _watch_once(self) -> None:
+        self._note_joins()
+        ended = await self._tracker.poll()
+        self._note_joins()
+        now = time.monotonic()
         for job in ended:
             # Told to go (cancelled, or every worker retired by scale-down): expected.
             job.stop_requested = job.stop_requested or self._leaving.issuperset(job.names)
@@ -347,10 +361,11 @@ class JobQueueCluster(ElasticCluster):
             runner.stop()
 
     async def _cancel_all(self, timeout: float) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for task in (self._watcher, getattr(self, "_join_watcher", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         tracker = getattr(self, "_tracker", None)
         deadline = time.monotonic() + timeout
         try:

@@ -60,7 +60,22 @@ JOIN_SAMPLE_INTERVAL = 0.1  # seconds between looks at which jobs' workers have 
 
 class JobQueueCluster(ElasticCluster):
     """Workers in queue-system jobs; see the module doc. Use a subclass:
-    :class:`~shoal.jobqueue.SLURMCluster`, ``SGECluster`` or ``PBSCluster``."""
+    :class:`~shoal.jobqueue.SLURMCluster`, ``SGECluster`` or ``PBSCluster``.
+
+    ``n_workers``: workers to start with. Per job: ``cores`` and ``memory`` (bytes or
+    ``"16GB"``), split among ``processes`` workers; ``queue``, ``account``, ``walltime``
+    (``"HH:MM:SS"``/``"D-HH:MM:SS"``; None: the queue's default, and no lifetime);
+    ``job_extra_directives`` (directive lines, without the ``#SBATCH`` prefix) and
+    ``job_script_prologue`` (shell lines before the workers); ``python`` runs the workers,
+    with ``worker_extra_args`` added, ``local_directory`` for their spill files; output
+    in ``log_directory`` (default: the current directory). ``interface``: the network
+    interface of the scheduler and of the workers on their nodes (default: this host's
+    address; workers use the one they reach the scheduler from). ``lifetime_margin``,
+    ``lifetime_stagger``, ``worker_lifetime``: see :func:`~shoal.jobqueue._options.worker_lifetime`.
+    ``poll_interval``: between listings of the queue; ``worker_start_timeout``: how long
+    a running job may go without its worker connecting. ``security``/``token``: as
+    :class:`~shoal.LocalCluster`'s.
+    """
 
     job_system: ClassVar[type[JobSystem]]
 

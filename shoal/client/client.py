@@ -28,7 +28,7 @@ from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
-from shoal.client.restrictions import task_restrictions
+from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
@@ -374,6 +374,8 @@ class Client(ClusterInfo, PinsMixin):
                     n = _cancel_number(msg.stimulus_id)  # type: ignore[attr-defined]
                     if n is None or st.born < n:
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
+            elif t is m.TaskUnplaceable:  # once per episode (the scheduler's count)
+                logger.warning("%s", msg.reason)  # type: ignore[attr-defined]
             elif t in _LATE_REPLIES:
                 pass  # the answer to a request we stopped waiting for
             elif t is m.Refused:  # the scheduler is closing this connection: say why
@@ -394,6 +396,7 @@ class Client(ClusterInfo, PinsMixin):
         workers: Any = None,
         resources: Any = None,
         allow_other_workers: bool = False,
+        duration: Any = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are
@@ -404,13 +407,17 @@ class Client(ClusterInfo, PinsMixin):
         only there (it waits if none is connected), or preferably there with
         ``allow_other_workers=True``. ``resources``: e.g. ``{"GPU": 1}``, held on the
         worker while the task runs; only workers that declared enough run it, never
-        more such tasks at once than they have."""
+        more such tasks at once than they have. ``duration``: how long it is expected
+        to run (``"4h"``, ``"30s"``, seconds): not started on a worker whose remaining
+        lifetime is shorter (``shoal worker --lifetime``)."""
         restrictions = task_restrictions(workers, allow_other_workers, resources)
+        hint = duration_hint(duration)
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
         spec = self._task_spec(
             func, args, kwargs, key, pure, retries, priority, group="", restrictions=restrictions
         )
+        spec.duration = hint
         return self._submit([spec], [spec.key])[0]
 
     def map(
@@ -424,12 +431,14 @@ class Client(ClusterInfo, PinsMixin):
         workers: Any = None,
         resources: Any = None,
         allow_other_workers: bool = False,
+        duration: Any = None,
         **kwargs: Any,
     ) -> list[Future]:
         """``submit`` for each element of the iterables, in one message. ``key``: a
         prefix for the keys, or the keys themselves (then, as in Dask, each key's name
         is its group: ``("x-1", 0)`` is in group ``"x-1"``); else one group per call."""
         restrictions = task_restrictions(workers, allow_other_workers, resources)
+        hint = duration_hint(duration)
         if not callable(func):
             raise TypeError(f"map needs a callable, got {type(func).__name__}")
         arglists = list(zip(*iterables))
@@ -453,6 +462,9 @@ class Client(ClusterInfo, PinsMixin):
             )
             for i, args in enumerate(arglists)
         ]
+        if hint is not None:
+            for spec in specs:
+                spec.duration = hint
         return self._submit(specs, [s.key for s in specs])
 
     def _task_spec(

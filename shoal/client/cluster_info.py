@@ -176,6 +176,8 @@ class ClusterInfo:
                             {"id": p.id, "reason": p.reason, "owner": p.owner, "expires": p.expires}
                             for p in w.pins
                         ],
+                        "lifetime_left": w.lifetime_left,  # seconds; None: no --lifetime
+                        "tasks_left": w.tasks_left,  # None: no --max-tasks
                     }
                     for w in r.workers
                 },

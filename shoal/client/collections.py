@@ -19,7 +19,7 @@ from shoal.client.dask_graph import (
     topological,
 )
 from shoal.client.futures import Future
-from shoal.client.restrictions import task_restrictions
+from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 from shoal.shuffle import _dask as shuffle_dask
@@ -75,6 +75,18 @@ def submit_graph(
             hit = placements[cache_key] = ((workers, resources), made)
         return hit[1]
 
+    durations: dict[Any, float | None] = {}
+
+    def duration(annots: dict[str, Any]) -> float | None:
+        # dask.annotate(duration="4h"): parsed once per distinct value
+        value = annots.get("duration")
+        if value is None:
+            return None
+        key = value if isinstance(value, str | int | float) else id(value)
+        if key not in durations:
+            durations[key] = duration_hint(value, "the duration annotation")
+        return durations[key]
+
     def parts() -> Iterator[list[m.TaskSpec]]:
         # Encoded part by part while earlier parts are on their way: the scheduler never
         # holds the whole graph twice (as one decoded message and as tasks).
@@ -91,6 +103,7 @@ def submit_graph(
                 )
                 if marks:
                     spec.shuffle = marks.get(key)
+                spec.duration = duration(annots)
                 part.append(spec)
             yield part
 
@@ -171,6 +184,7 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
         "workers": kwargs.get("workers"),
         "resources": kwargs.get("resources"),
         "allow_other_workers": kwargs.get("allow_other_workers"),
+        "duration": kwargs.get("duration"),
     }
 
 

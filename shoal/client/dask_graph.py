@@ -28,7 +28,7 @@ from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
 from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import FunctionTable, TableFunction, dumps_task_args
 
-ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers")
+ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers", "duration")
 
 
 class Dep:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from shoal.durations import parse_duration
 from shoal.protocol import messages as m
 
 
@@ -39,3 +40,12 @@ def task_restrictions(
     if not names and not amounts:
         return None
     return m.TaskRestrictions(names, bool(allow_other_workers), amounts)
+
+
+def duration_hint(duration: Any, option: str = "duration=") -> float | None:
+    """The wire form of ``duration=`` (``"4h"``, ``"30s"``, ``"200ms"`` or seconds):
+    seconds, or None when not given; a negative or unparsable value is a ValueError
+    naming the option, raised by the call."""
+    if duration is None:
+        return None
+    return parse_duration(duration, option, allow_zero=True)

@@ -68,6 +68,10 @@ class LocalCluster(ElasticCluster):
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
         interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
+        lifetime: str | float | None = None,
+        lifetime_stagger: str | float = 0,
+        lifetime_restart: bool | None = None,
+        max_tasks: int | None = None,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -91,6 +95,11 @@ class LocalCluster(ElasticCluster):
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.security = _cluster_security(security, token)
         self.nanny = nanny and processes
+        # Walltime (shoal worker --lifetime, --max-tasks): a worker at its end is started
+        # afresh by its nanny by default, so that the cluster does not dwindle.
+        self.walltime = _walltime(
+            lifetime, lifetime_stagger, lifetime_restart, max_tasks, self.nanny
+        )
         # per worker: "auto" shares this machine's memory in proportion to threads
         self.memory_limit = parse_memory_limit(memory_limit, threads_per_worker)
         self.memory_fractions = MemoryFractions(
@@ -193,6 +202,7 @@ class LocalCluster(ElasticCluster):
             *(["--validate"] if self.validate else []),
             *(["--resources", _format_resources(self.resources)] if self.resources else []),
             *("--interrupt-grace", str(self.interrupt_grace)),
+            *self.walltime.cli_args(),
         )
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
@@ -260,6 +270,7 @@ class LocalCluster(ElasticCluster):
             # the process's memory is every worker's: only the target applies
             memory_fractions=self.memory_fractions._replace(spill=None, pause=None, terminate=None),
             local_directory=self._dir,
+            **self.walltime.worker_kwargs(),
         )
         self._workers.append(w)
         self._by_name[name] = w
@@ -383,6 +394,53 @@ class LocalCluster(ElasticCluster):
             f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
             f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
         )
+
+
+class _Walltime:
+    """LocalCluster's lifetime and task budget options, checked, for its workers."""
+
+    def __init__(
+        self, lifetime: float | None, stagger: float, restart: bool, max_tasks: int | None
+    ):
+        self.lifetime = lifetime  # seconds; None: none
+        self.stagger = stagger
+        self.restart = restart
+        self.max_tasks = max_tasks  # None: none
+
+    def cli_args(self) -> list[str]:
+        return [
+            *(["--lifetime", repr(self.lifetime)] if self.lifetime is not None else []),
+            *(["--lifetime-stagger", repr(self.stagger)] if self.stagger else []),
+            *(["--lifetime-restart"] if self.restart else []),
+            *(["--max-tasks", str(self.max_tasks)] if self.max_tasks is not None else []),
+        ]
+
+    def worker_kwargs(self) -> dict[str, Any]:
+        return {
+            "lifetime": self.lifetime,
+            "lifetime_stagger": self.stagger,
+            "lifetime_restart": self.restart,
+            "max_tasks": self.max_tasks,
+        }
+
+
+def _walltime(
+    lifetime: Any, stagger: Any, restart: bool | None, max_tasks: Any, nanny: bool
+) -> _Walltime:
+    from shoal.durations import parse_duration, parse_task_budget
+
+    seconds = None if lifetime is None else parse_duration(lifetime, "lifetime")
+    spread = parse_duration(stagger, "lifetime_stagger", allow_zero=True)
+    budget = None if max_tasks is None else parse_task_budget(max_tasks, "max_tasks")
+    if restart is None:
+        restart = nanny  # restarted where a nanny can, by default
+    elif restart not in (True, False):
+        raise TypeError(f"lifetime_restart must be True, False or None, not {restart!r}")
+    if restart and not nanny:
+        raise ValueError(
+            "lifetime_restart=True needs workers under a nanny (processes=True, nanny=True)"
+        )
+    return _Walltime(seconds, spread, restart, budget)
 
 
 def _cluster_security(security: Security | None, token: str | bool | None) -> Security:

@@ -34,7 +34,7 @@ import msgspec
 #    MissingData.tried (a copy made during the fetch is not dropped as lost).
 # 10: walltime: Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and
 #    task budget), TaskSpec.duration (a task's expected duration, a hint),
-#    WorkerInfo.lifetime_left and tasks_left, TaskUnplaceable.
+#    WorkerInfo.lifetime_left and tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
 PROTOCOL_VERSION = 10
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -609,6 +609,9 @@ class WorkerLeaving(Message):
     reason: str
     retire: bool = True
     stimulus_id: str = ""
+    # Its lifetime or task budget is over: while no other worker can take its results,
+    # it waits (given no task, still a home for others' results) instead of losing them.
+    walltime: bool = False
 
 
 class KeyUnserializable(Message):

@@ -299,7 +299,12 @@ class Worker:
         await self._close_done.wait()
 
     async def leave(
-        self, reason: str, retire: bool = True, restart: bool = False, timeout: float | None = None
+        self,
+        reason: str,
+        retire: bool = True,
+        restart: bool = False,
+        timeout: float | None = None,
+        walltime: bool = False,
     ) -> None:
         """Go away on purpose: tell the scheduler (``WorkerLeaving``), which moves the
         running tasks elsewhere and, with ``retire``, copies the results only this
@@ -315,7 +320,7 @@ class Worker:
         if conn is not None and not conn.closed:
             logger.info("worker %s leaves: %s", self.address, reason)
             sid = f"worker-leaving-{next(self._stimulus)}"
-            conn.send(m.WorkerLeaving(reason, retire, sid))
+            conn.send(m.WorkerLeaving(reason, retire, sid, walltime))
             wait = LEAVE_TIMEOUT if timeout is None else timeout
             try:
                 await asyncio.wait_for(self._closed.wait(), wait)
@@ -335,7 +340,8 @@ class Worker:
         off first); with --lifetime-restart, exit for the nanny to start afresh."""
         if not self._closed.is_set() and not self.leaving:
             logger.info("worker %s: %s", self.address, reason)
-            self._spawn(self.leave(reason, retire=True, restart=self.lifetime.restart))
+            restart = self.lifetime.restart
+            self._spawn(self.leave(reason, retire=True, restart=restart, walltime=True))
 
     def _check_budget(self) -> None:
         """Once every task of the budget has ended here, leave."""

@@ -10,10 +10,16 @@ value reports it (``UnserializableData``), a receiver hands failures to its stat
 machine as ``GatherSuccess.failed``. Every machine validates its invariants after each
 event.
 
+Workers may also have a lifetime and a task budget (walltime), tasks a duration hint,
+and the scheduler's clock moves on as events are delivered.
+
 What must hold, whatever the order of events: no failed transfer ever becomes data
-(every copy the scheduler knows of is the genuine value, held by that worker), and once
-everything is delivered nothing hangs: every key a client wants is in memory or erred,
-and a key whose whole graph is sendable and loadable ends in memory.
+(every copy the scheduler knows of is the genuine value, held by that worker); no task
+is ever sent to a worker it would not finish on before its deadline, nor to a worker
+beyond its budget; and once everything is delivered (and a worker without limits has
+joined, for the tasks that fit no limited worker) nothing hangs: every key a client
+wants is in memory or erred, and a key whose whole graph is sendable and loadable ends
+in memory.
 """
 
 from __future__ import annotations
@@ -76,10 +82,12 @@ class Cluster:
         self.gathers: dict[str, list[GatherDep]] = {}  # worker -> transfers it awaits
         self.serial = 0
         self.sid = 0
+        self.now = 0.0  # the scheduler's wall clock (tick)
+        self.sent: dict[str, int] = {}  # worker -> ComputeTasks sent to it
 
     # --- membership -------------------------------------------------------------------
 
-    def add_worker(self) -> str:
+    def add_worker(self, lifetime: float | None = None, max_tasks: int | None = None) -> str:
         self.serial += 1
         address = f"tcp://w{self.serial}:1"
         self.workers[address] = WorkerState(2, address, validate=True)
@@ -87,7 +95,9 @@ class Cluster:
             q[address] = deque()
         self.executions[address] = []
         self.gathers[address] = []
-        self.sim.add_worker(address, nthreads=2, name=f"w{self.serial}")
+        self.sim.add_worker(
+            address, nthreads=2, name=f"w{self.serial}", lifetime=lifetime, max_tasks=max_tasks
+        )
         self.pump()
         return address
 
@@ -106,7 +116,17 @@ class Cluster:
 
     def pump(self) -> None:
         """Move what the scheduler wrote onto the links to the workers."""
+        s = self.sim.s
         for address, msgs in self.sim.comm.workers.items():
+            for msg in msgs:
+                if isinstance(msg, ComputeTask):  # walltime: never against a limit
+                    wr = s.workers[address]
+                    expected = s.expected_duration(s.tasks[msg.key])
+                    if wr.deadline is not None:
+                        assert s.wall_time + expected <= wr.deadline, (msg.key, address)
+                    self.sent[address] = self.sent.get(address, 0) + 1
+                    if wr.budget is not None:
+                        assert self.sent[address] <= wr.budget, (msg.key, address)
             if address in self.to_worker:
                 self.to_worker[address].extend(msgs)
         self.sim.comm.workers.clear()
@@ -228,6 +248,9 @@ class Scenario:
     pinned: list[int | None]  # a worker index a task should run on, or anywhere
     kills: list[int]  # steps after which a random worker dies (and a new one joins)
     seed: int
+    lifetimes: list[float | None]  # per worker (also those joining later, in turn)
+    budgets: list[int | None]
+    durations: list[float | None]  # per task: a hint, or its prefix's mean
 
 
 @st.composite
@@ -237,7 +260,15 @@ def scenarios(draw: Any) -> Scenario:
     kinds = draw(st.lists(st.sampled_from(KINDS), min_size=n, max_size=n))
     pinned = draw(st.lists(st.sampled_from([None, 0, 1, 2]), min_size=n, max_size=n))
     kills = draw(st.lists(st.integers(0, 60), max_size=2))
-    return Scenario(deps, kinds, pinned, kills, draw(st.integers(0, 2**32)))
+    lifetimes = draw(
+        st.lists(st.sampled_from([None, None, 3.0, 20.0, 200.0]), min_size=5, max_size=5)
+    )
+    budgets = draw(st.lists(st.sampled_from([None, None, 1, 2, 5]), min_size=5, max_size=5))
+    durations = draw(
+        st.lists(st.sampled_from([None, None, 0.5, 10.0, 100.0]), min_size=n, max_size=n)
+    )
+    seed = draw(st.integers(0, 2**32))
+    return Scenario(deps, kinds, pinned, kills, seed, lifetimes, budgets, durations)
 
 
 def key(i: int) -> str:
@@ -250,7 +281,8 @@ def test_failed_transfers_never_become_results(sc: Scenario) -> None:
     keys = [key(i) for i in range(len(sc.deps))]
     kinds = dict(zip(keys, sc.kinds))
     cluster = Cluster(sc.seed, kinds)
-    addresses = [cluster.add_worker() for _ in range(3)]
+    limits = iter(zip(sc.lifetimes, sc.budgets))
+    addresses = [cluster.add_worker(*next(limits)) for _ in range(3)]
     restrictions = {
         # loose: the named worker runs it while it lives (so data must travel to it)
         keys[i]: TaskRestrictions([addresses[w]], allow_other_workers=True)
@@ -258,17 +290,22 @@ def test_failed_transfers_never_become_results(sc: Scenario) -> None:
         if w is not None
     }
     dag = {keys[i]: [keys[d] for d in ds] for i, ds in enumerate(sc.deps)}
-    cluster.sim.submit(dag, restrictions=restrictions)
+    durations = {keys[i]: d for i, d in enumerate(sc.durations) if d is not None}
+    cluster.sim.submit(dag, restrictions=restrictions, durations=durations)
     cluster.pump()
     for step in range(200):
         if step in sc.kills and len(cluster.workers) > 1:
             cluster.kill(cluster.rng.choice(sorted(cluster.workers)))
-            cluster.add_worker()
+            cluster.add_worker(*next(limits, (None, None)))
         actions = cluster.actions()
         if not actions:
             break
+        if cluster.rng.random() < 0.2:  # time passes
+            cluster.sim.s.tick(cluster.sim.s.wall_time + cluster.rng.uniform(0, 5))
         cluster.step(*cluster.rng.choice(actions))
         cluster.check_copies()
+    cluster.quiesce()
+    cluster.add_worker()  # no limits: what fit no limited worker runs here
     cluster.quiesce()
     cluster.check_copies()
     s = cluster.sim.s

@@ -8,7 +8,14 @@ from scheduler_harness import W1, W2, W3, Sim
 
 from shoal.core.scheduler.model import UNKNOWN_DURATION
 from shoal.core.scheduler.walltime import SCHEDULING_TOPIC
-from shoal.protocol.messages import ComputeTask, TaskRestrictions, TaskUnplaceable
+from shoal.protocol.messages import (
+    AddKeys,
+    ComputeTask,
+    CopyKeys,
+    TaskRestrictions,
+    TaskUnplaceable,
+    WorkerLeaving,
+)
 
 T0 = 1_000_000.0  # the scheduler's wall clock when the workers join
 
@@ -302,3 +309,58 @@ def test_computes_never_exceed_budget_under_churn():
     assert sent[W1] <= 4 and sent[W2] <= 7
     assert sent[W1] + sent[W2] == 11  # every budget used, then the rest wait
     assert sum(1 for s in sim.states().values() if s == "queued") == 30 - 11
+
+
+def test_two_workers_spent_at_once_keep_their_results_until_a_fresh_one_comes():
+    sim = sim_at()
+    sim.add_worker(W1, max_tasks=1)
+    sim.add_worker(W2, max_tasks=1)
+    sim.submit({"a-1": [], "a-2": []})
+    w1, w2 = sim.worker_of("a-1"), sim.worker_of("a-2")
+    assert {w1, w2} == {W1, W2}
+    sim.finish("a-1")
+    sim.finish("a-2")
+    sim.clear()
+    # both leave at once, each holding a result only it has
+    sim.s.handle_worker(W1, WorkerLeaving("budget", True, "leave-1", walltime=True))
+    sim.s.handle_worker(W2, WorkerLeaving("budget", True, "leave-2", walltime=True))
+    # the first hands its result to the second (which waits: nobody could take its own)
+    copies = [msg for msg in sim.to_worker(w2) if isinstance(msg, CopyKeys)]
+    assert [d.key for c in copies for d in c.deps] == ["a-1"]
+    assert set(sim.s.waiting_to_leave) == {W2}
+    sim.s.handle_worker(W2, AddKeys(["a-1"], [8], "copied"))
+    assert W1 not in sim.s.workers  # gone, nothing lost
+    assert sim.holds(W2) == {"a-1", "a-2"}
+    assert sim.state("a-1") == sim.state("a-2") == "memory"
+    sim.submit({"b-1": []})
+    assert sim.state("b-1") == "queued"  # the waiting leaver is given nothing
+    # a fresh worker comes: the waiting one hands everything to it and goes
+    sim.add_worker(W3, max_tasks=5)
+    copied = {d.key for c in sim.to_worker(W3) if isinstance(c, CopyKeys) for d in c.deps}
+    assert copied == {"a-1", "a-2"}
+    assert sim.worker_of("b-1") == W3
+    sim.s.handle_worker(W3, AddKeys(["a-1", "a-2"], [8, 8], "copied-3"))
+    assert W2 not in sim.s.workers and not sim.s.waiting_to_leave
+    assert sim.holds(W3) >= {"a-1", "a-2"}
+    assert sim.s.suspicious == {}
+
+
+def test_a_walltime_leaver_holding_nothing_goes_at_once():
+    sim = sim_at()
+    sim.add_worker(W1, max_tasks=1)
+    sim.submit({"a-1": []}, wanted=[])
+    sim.finish("a-1")  # not wanted: released at once
+    sim.s.handle_worker(W1, WorkerLeaving("budget", True, "leave-1", walltime=True))
+    assert W1 not in sim.s.workers
+
+
+def test_a_loose_restriction_runs_elsewhere_when_its_named_worker_has_no_budget_left():
+    sim = sim_at()
+    sim.add_worker(W1, max_tasks=1)
+    sim.add_worker(W2)
+    prefer_w1 = TaskRestrictions(workers=[W1], allow_other_workers=True)
+    sim.submit({"a-1": [], "a-2": []}, restrictions={"a-1": prefer_w1, "a-2": prefer_w1})
+    assert sorted([sim.worker_of("a-1"), sim.worker_of("a-2")]) == [W1, W2]
+    strict_w1 = TaskRestrictions(workers=[W1])
+    sim.submit({"b-1": []}, restrictions={"b-1": strict_w1})
+    assert sim.ts("b-1") in sim.s.parked  # a strict one waits (W1 may never take it)

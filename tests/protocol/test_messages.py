@@ -174,7 +174,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         restarting=True,
         stimulus_id="s-16",
     ),
-    m.WorkerLeaving: m.WorkerLeaving(reason="received SIGTERM", retire=False, stimulus_id="s-18"),
+    m.WorkerLeaving: m.WorkerLeaving(
+        reason="received SIGTERM", retire=False, stimulus_id="s-18", walltime=True
+    ),
     m.KeyUnserializable: m.KeyUnserializable(
         key=("x", 1), reason="cannot pickle lock", stimulus_id="s-17"
     ),

@@ -87,6 +87,9 @@ class Membership:
         def _transition(self, ts: TaskState, finish: str, stimulus_id: str) -> Recs: ...
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
+        def _let_waiting_leave(self) -> None: ...
+
+        waiting_to_leave: dict[str, Any]
         def _unpin_worker(self, ws: WorkerRecord, stimulus_id: str, why: str) -> None: ...
         def pinned_why(self, ws: WorkerRecord) -> str: ...
         def _shuffle_worker_removed(self, address: str, reason: str, stimulus_id: str) -> None: ...
@@ -148,6 +151,8 @@ class Membership:
         self.version += 1
         self._index_worker(ws)
         self.log.append(("worker-added", address, stimulus_id))
+        if self.waiting_to_leave:  # walltime leavers may hand it their results now
+            self._let_waiting_leave()
         # Tasks that could not be placed without workers may go now.
         self._done(stimulus_id)
         return ws
@@ -172,6 +177,7 @@ class Membership:
         if ws.pins:
             self._unpin_worker(ws, stimulus_id, reason or "removed")
         self.scaling_down.pop(address, None)
+        self.waiting_to_leave.pop(address, None)
         retirement = self.retiring.pop(address, None)
         if retirement is not None:
             self._retirement_over(retirement, address, None if expected else reason or "it died")

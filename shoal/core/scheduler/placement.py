@@ -123,6 +123,7 @@ class Placement:
         def _time_left(self, ws: WorkerRecord) -> float: ...
         def expected_duration(self, ts: TaskState) -> float: ...
         def _park_if_unfit(self, ts: TaskState, stimulus_id: str) -> bool: ...
+        def _valid_fitting(self, ts: TaskState, r: Restrictions) -> list[WorkerRecord]: ...
         def _forget_parked(self, ts: TaskState) -> None: ...
 
         def _transition_queued_processing(
@@ -260,11 +261,11 @@ class Placement:
         A restricted task only considers valid workers with room for its resources."""
         r = ts.restrictions
         if r is not None:
-            allowed = [ws for ws in self._valid_workers(r) if r.has_room(ws)]
+            # (with walltime limits: those it fits, which a loose restriction widens)
+            valid = self._valid_fitting(ts, r) if self.nlimited else self._valid_workers(r)
+            allowed = [ws for ws in valid if r.has_room(ws)]
             if r.slotted:
                 allowed = [ws for ws in allowed if ws in self.free_workers]
-            if self.nlimited:
-                allowed = self._fitting(ts, allowed)
             if not allowed:
                 return None
             if len(allowed) > 1:  # rather not where every thread is draining
@@ -384,13 +385,16 @@ class Placement:
             r = self._interned[ident] = Restrictions(workers, loose, dict(resources), slotted)
         return r
 
-    def _valid_workers(self, r: Restrictions) -> Collection[WorkerRecord]:
-        """The connected workers that may ever run a task with restrictions ``r``."""
+    def _capable_workers(self, r: Restrictions) -> Collection[WorkerRecord]:
+        """The connected workers with enough of every resource ``r`` needs."""
         if r.resources:
             some = self.by_resource.get(next(iter(r.resources)), ())
-            capable: Collection[WorkerRecord] = [ws for ws in some if r.capable(ws)]
-        else:
-            capable = self.runnable.values()
+            return [ws for ws in some if r.capable(ws)]
+        return self.runnable.values()
+
+    def _valid_workers(self, r: Restrictions) -> Collection[WorkerRecord]:
+        """The connected workers that may ever run a task with restrictions ``r``."""
+        capable = self._capable_workers(r)
         if not r.workers:
             return capable
         by_alias = self.by_alias

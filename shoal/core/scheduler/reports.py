@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.core.comm import Comm
 from shoal.core.scheduler.membership import Membership
 from shoal.core.scheduler.model import TaskState, WorkerRecord
+from shoal.core.scheduler.walltime import Walltime
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -134,7 +135,7 @@ class WorkerReports:
         m.ComputeReleased: _compute_released,
         m.WorkerStatus: Membership._worker_status,
         m.KeyUnserializable: Membership._key_unserializable,
-        m.WorkerLeaving: Membership._worker_leaving,
+        m.WorkerLeaving: Walltime._walltime_leaving,
     }
 
 

@@ -56,7 +56,14 @@ class Walltime:
         comm: Comm
 
         def log_event(self, topic: str, data: dict[str, Any]) -> None: ...
+        def _worker_leaving(self, ws: WorkerRecord, msg: m.WorkerLeaving) -> None: ...
+
+        workers: dict[str, WorkerRecord]
+        retiring: dict[str, Any]
+        free_workers: set[WorkerRecord]
+
         def _valid_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
+        def _capable_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
 
     def _init_walltime(self) -> None:
         self.nlimited = 0  # runnable workers with a deadline or a budget
@@ -69,6 +76,9 @@ class Walltime:
         # workers, their budgets (``limits_changed``) nor the clock changed.
         self.limits_version = 0
         self._longest_cache: tuple[int, float, float] = (-1, 0.0, 0.0)
+        # Workers at the end of their lifetime or budget that wait for another worker to
+        # take their results (see _walltime_leaving) -> the WorkerLeaving they sent.
+        self.waiting_to_leave: dict[str, m.WorkerLeaving] = {}
 
     # ------------------------------------------------------------------ what fits where
 
@@ -98,6 +108,25 @@ class Walltime:
         duration = self.expected_duration(ts)
         return [ws for ws in workers if self._fits(ws, duration)]
 
+    def _valid_fitting(self, ts: TaskState, r: Restrictions) -> list[WorkerRecord]:
+        """The workers ``r`` allows that ``ts`` fits. A loose restriction (``workers=``
+        with ``allow_other_workers``) allows any capable worker when none it names
+        fits, as when none is connected."""
+        fit = self._fitting(ts, self._valid_workers(r))
+        if not fit and r.loose:
+            fit = self._fitting(ts, self._capable_workers(r))
+        return fit
+
+    def _allowed(self, ts: TaskState) -> list[WorkerRecord]:
+        """The workers ``ts`` may run on (whether it fits them or not)."""
+        r = ts.restrictions
+        if r is None:
+            return list(self.runnable.values())
+        workers = list(self._valid_workers(r))
+        if r.loose and not self._fitting(ts, workers):
+            workers = list(self._capable_workers(r))
+        return workers
+
     def _longest_left(self, workers: Iterable[WorkerRecord]) -> float:
         """The most seconds any of ``workers`` has for a new task (-inf: none has any)."""
         return max((self._time_left(ws) for ws in workers), default=-INFINITY)
@@ -117,6 +146,43 @@ class Walltime:
         live = [a for a, ws in self.runnable.items() if self._time_left(ws) > 0]
         return live or list(self.runnable)
 
+    # ------------------------------------------------------------------ leaving
+
+    def _walltime_leaving(self, ws: WorkerRecord, msg: m.WorkerLeaving) -> None:
+        """``WorkerLeaving``. One at the end of its lifetime or budget (``walltime``)
+        with results and no other worker to take them waits: it is given no task (its
+        budget is set to what it was given) but stays a home for the results of other
+        leaving workers, so that two workers spent at once do not both lose theirs;
+        it goes once a worker joins. Any other leaves at once (membership.py)."""
+        if msg.walltime and ws.has_what and not self._others_to_copy_to(ws):
+            if ws.address not in self.waiting_to_leave:
+                if ws.budget is None and ws.deadline is None and ws.address in self.runnable:
+                    self.nlimited += 1  # limited from now on
+                ws.budget = ws.assigned  # no new task
+                self.free_workers.discard(ws)
+                self.limits_version += 1
+                self.waiting_to_leave[ws.address] = msg
+                self.log_event(
+                    SCHEDULING_TOPIC,
+                    {"action": "leave-waits", "worker": ws.address, "reason": msg.reason},
+                )
+            return
+        self.waiting_to_leave.pop(ws.address, None)
+        self._worker_leaving(ws, msg)
+
+    def _others_to_copy_to(self, ws: WorkerRecord) -> bool:
+        return any(w is not ws and w.address not in self.retiring for w in self.runnable.values())
+
+    def _let_waiting_leave(self) -> None:
+        """A worker came: the walltime leavers that waited for one go now."""
+        for address, msg in list(self.waiting_to_leave.items()):
+            ws = self.workers.get(address)
+            if ws is None:
+                del self.waiting_to_leave[address]
+            elif self._others_to_copy_to(ws):
+                del self.waiting_to_leave[address]
+                self._worker_leaving(ws, msg)
+
     # ------------------------------------------------------------------ parking
 
     def _park_if_unfit(self, ts: TaskState, stimulus_id: str) -> bool:
@@ -125,7 +191,7 @@ class Walltime:
         duration = self.expected_duration(ts)
         if r is None and duration <= self._longest_runnable():
             return False  # the common case, O(1) for a batch of queued tasks
-        workers = list(self.runnable.values() if r is None else self._valid_workers(r))
+        workers = self._allowed(ts)
         longest = self._longest_left(workers)
         if duration <= longest:
             return False
@@ -187,8 +253,7 @@ class Walltime:
         self._parked_recheck_at = self.wall_time + PARKED_RECHECK
         for ts in list(self.parked):
             r = ts.restrictions
-            workers = self.runnable.values() if r is None else self._valid_workers(r)
-            if self._longest_left(workers) < self.expected_duration(ts):
+            if self._longest_left(self._allowed(ts)) < self.expected_duration(ts):
                 continue
             self._unpark_one(ts)
             if r is None:

@@ -14,11 +14,16 @@ does) is not started: the worker leaves, and the scheduler places that task else
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shoal.core.worker.state import WorkerState
+    from shoal.protocol import messages as m
+    from shoal.server.worker import Worker
+
+logger = logging.getLogger("shoal.worker")
 
 MIN_LIFETIME = 1.0  # seconds: a stagger never makes a lifetime shorter than this
 # Worker task states in which a task sent to compute here has not ended yet.
@@ -85,3 +90,33 @@ def computing(state: WorkerState) -> bool:
     if state.executing_count or state.seceded_count or state.ready_count:
         return True
     return any(ts.state in _COMPUTING or ts.resume is not None for ts in state.tasks.values())
+
+
+# --- what the worker server does about it (kept here, out of worker.py) -----------------
+
+
+def end_of_life(worker: Worker, reason: str) -> None:
+    """Time is up or the budget spent: retire gracefully (results copied off first,
+    waiting for another worker to take them: ``walltime``); with --lifetime-restart,
+    exit for the nanny to start afresh."""
+    if not worker._closed.is_set() and not worker.leaving:
+        logger.info("worker %s: %s", worker.address, reason)
+        leave = worker.leave(reason, retire=True, restart=worker.lifetime.restart, walltime=True)
+        worker._spawn(leave)
+
+
+def check_budget(worker: Worker) -> None:
+    """(The budget is spent.) Once every task of it has ended here, leave."""
+    assert worker.state is not None
+    if not worker.leaving and not computing(worker.state):
+        end_of_life(worker, f"it ran its {worker.lifetime.max_tasks} tasks (--max-tasks)")
+
+
+def refuse(worker: Worker, msg: m.ComputeTask) -> None:
+    """A task beyond the budget (the scheduler never sends one): not run; the worker
+    leaves, and the scheduler then places the task elsewhere."""
+    budget = worker.lifetime.max_tasks
+    logger.warning(
+        "worker %s refuses task %r: beyond its budget of %s tasks", worker.address, msg.key, budget
+    )
+    end_of_life(worker, f"it was sent more than its {budget} tasks")

@@ -68,7 +68,7 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server.interrupt import TaskThreads, ThreadSlot
-from shoal.server.lifetime import Lifetime, computing
+from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
@@ -336,29 +336,8 @@ class Worker:
             # (close() cancels the other background tasks, never the one it runs in)
 
     def _end_of_life(self, reason: str) -> None:
-        """Time is up or the task budget spent: retire gracefully (results copied
-        off first); with --lifetime-restart, exit for the nanny to start afresh."""
-        if not self._closed.is_set() and not self.leaving:
-            logger.info("worker %s: %s", self.address, reason)
-            restart = self.lifetime.restart
-            self._spawn(self.leave(reason, retire=True, restart=restart, walltime=True))
-
-    def _check_budget(self) -> None:
-        """Once every task of the budget has ended here, leave."""
-        assert self.state is not None
-        if not self.leaving and not computing(self.state):
-            self._end_of_life(f"it ran its {self.lifetime.max_tasks} tasks (--max-tasks)")
-
-    def _refuse(self, msg: m.ComputeTask) -> None:
-        """A task beyond the budget (the scheduler should never send one): not run; the
-        worker leaves, and the scheduler then places the task elsewhere."""
-        logger.warning(
-            "worker %s refuses task %r: beyond its budget of %s tasks",
-            self.address,
-            msg.key,
-            self.lifetime.max_tasks,
-        )
-        self._end_of_life(f"it was sent more than its {self.lifetime.max_tasks} tasks")
+        """Time is up or the task budget spent: leave gracefully (lifetime.py)."""
+        end_of_life(self, reason)
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if not self._closed.is_set():
@@ -408,7 +387,7 @@ class Worker:
         events: list[Any] = []
         for msg in frame.messages:
             if type(msg) is m.ComputeTask and not self.lifetime.accept():
-                self._refuse(msg)
+                refuse(self, msg)
             elif type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
             elif type(msg) is m.ComputeTask and msg.shuffle is not None:
@@ -434,7 +413,7 @@ class Worker:
         if events:
             self._handle(events)
         if self.lifetime.budget_spent:
-            self._check_budget()
+            check_budget(self)
 
     def _compute_shuffle_task(self, msg: m.ComputeTask) -> None:
         assert self.state is not None
@@ -706,7 +685,7 @@ class Worker:
         if events and not self._closed.is_set():
             self._handle(events)
             if self.lifetime.budget_spent:
-                self._check_budget()
+                check_budget(self)
 
     # ---------------------------------------------------------------- peers
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import child_env
 from recording_scheduler import recording_scheduler, wait_for
 from test_nanny import gone, worker_child, workers_named
 
@@ -105,6 +104,8 @@ def test_a_hinted_task_waits_for_a_worker_with_time_and_the_client_is_told_once(
             )  # fmt: skip
             time.sleep(0.5)  # it ran nowhere meanwhile
             assert not any(f.done() for f in longs)
+            from conftest import child_env  # here: workers import this module too
+
             env = {**child_env(), "SHOAL_TEST_NAME": "fresh"}
             spawn("worker", s.address, "--name", "fresh", "--lifetime", "1h", env=env)
             assert sorted(client.gather(longs)) == [(i, "fresh") for i in range(3)]
@@ -170,3 +171,27 @@ def test_bad_durations_are_refused_by_the_call(inproc_cluster: LocalCluster) -> 
             client.compute(dask.delayed(where)(1))
         with dask.annotate(duration="10m"):
             assert client.compute(dask.delayed(where)(1)).result(timeout=20) == (1, "")
+
+
+def slow_square(i: int) -> int:
+    time.sleep(0.02)
+    return i * i
+
+
+@pytest.mark.timeout(60)
+def test_a_task_sent_beyond_the_budget_is_refused_and_runs_elsewhere(
+    inproc_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scheduler never sends more than a budget: here it does not know of one (the
+    # worker said none when it joined), so the worker's own check is what holds.
+    first = inproc_cluster._workers[0]
+    first.lifetime.max_tasks = 2
+    with Client(inproc_cluster, timeout=30) as client, caplog.at_level(logging.WARNING):
+        futs = client.map(slow_square, range(20))
+        assert client.gather(futs) == [i * i for i in range(20)]  # none lost, none erred
+        assert first.lifetime.assigned == 2
+        refused = [r for r in caplog.records if "beyond its budget" in r.getMessage()]
+        assert refused
+        assert "more than its 2 tasks" in first.leaving
+        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, 20, "it to leave")
+        wait_for(lambda: first.close_reason, 20, "it to close")

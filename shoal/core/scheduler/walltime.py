@@ -73,7 +73,7 @@ class Walltime:
         self._recheck_parked = False  # a worker came: parked tasks may fit it
         self._parked_recheck_at = 0.0  # wall time of the next periodic recheck
         # The longest time left over the runnable workers, kept while neither the
-        # workers, their budgets (``limits_changed``) nor the clock changed.
+        # workers, their budgets (``limits_version``) nor the clock changed.
         self.limits_version = 0
         self._longest_cache: tuple[int, float, float] = (-1, 0.0, 0.0)
         # Workers at the end of their lifetime or budget that wait for another worker to

@@ -91,8 +91,11 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 
 
 @contextlib.contextmanager
-def local_slurm(directory: Path, timeout: float = 60.0) -> Iterator[dict[str, str]]:
-    """Run a single-node SLURM in ``directory``; yield the environment it needs."""
+def local_slurm(
+    directory: Path, timeout: float = 60.0, cpus: int | None = None
+) -> Iterator[dict[str, str]]:
+    """Run a single-node SLURM in ``directory``; yield the environment it needs. The node
+    declares ``cpus`` CPUs (default: this machine's)."""
     reason = missing()
     if reason:
         raise RuntimeError(reason)
@@ -107,7 +110,9 @@ def local_slurm(directory: Path, timeout: float = 60.0) -> Iterator[dict[str, st
     node = socket.gethostname().split(".")[0]
     memory_mb = max(1024, int(psutil.virtual_memory().available / 2**20 * 0.8))
     conf = directory / "slurm.conf"
-    conf.write_text(slurm_conf(directory, node, os.cpu_count() or 1, memory_mb, munge_socket))
+    conf.write_text(
+        slurm_conf(directory, node, cpus or os.cpu_count() or 1, memory_mb, munge_socket)
+    )
     env = {"SLURM_CONF": str(conf)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

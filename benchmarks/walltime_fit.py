@@ -25,7 +25,9 @@ fewer than ``minimum_jobs`` workers once the cluster first had them (sampled eve
 
 SLURM: the one ``SLURM_CONF`` points to if it answers, else a single-node SLURM this
 script starts in a temporary directory (``benchmarks/local_slurm.py``; root and
-Debian's slurm-wlm and munge needed).
+Debian's slurm-wlm and munge needed), its node declaring ``--node-cpus`` CPUs (default
+4: the three jobs ``maximum_jobs`` allows and a replacement run at once, as on a real
+cluster with room; the tasks sleep, so a 2-core machine holds them).
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def _queue_empty(timeout: float = 30.0) -> bool:
 
 
 @contextlib.contextmanager
-def slurm(mode: str) -> Iterator[str]:
+def slurm(mode: str, cpus: int) -> Iterator[str]:
     """A SLURM to use: the configured one if it answers (``auto``/``existing``), else one
     started here (``auto``/``local``)."""
     answers = (
@@ -268,8 +270,11 @@ def slurm(mode: str) -> Iterator[str]:
             raise RuntimeError("no SLURM answers (SLURM_CONF unset or scontrol ping fails)")
         yield f"the SLURM at {os.environ['SLURM_CONF']}"
         return
-    with tempfile.TemporaryDirectory(prefix="shoal-slurm-") as d, local_slurm(Path(d)):
-        yield "a single-node SLURM started by this script (benchmarks/local_slurm.py)"
+    with tempfile.TemporaryDirectory(prefix="shoal-slurm-") as d, local_slurm(Path(d), cpus=cpus):
+        yield (
+            f"a single-node SLURM started by this script (benchmarks/local_slurm.py), the "
+            f"node declaring {cpus} CPUs"
+        )
 
 
 def render(outs: list[Outcome], args: argparse.Namespace, command: str, settings: str) -> str:
@@ -332,6 +337,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--walltime", default="00:02:00")
     p.add_argument("--systems", default="shoal,dask")
     p.add_argument("--slurm", choices=["auto", "local", "existing"], default="auto")
+    p.add_argument(
+        "--node-cpus",
+        type=int,
+        default=MAXIMUM_JOBS + 1,
+        help="CPUs the started SLURM's node declares (default: maximum_jobs + 1, so that "
+        "a replacement need not wait for a CPU; the tasks sleep)",
+    )
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--tiny", action="store_true", help="6 tasks of 2 s: a quick check")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
@@ -358,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     load0, t0 = load_average(), time.monotonic()
     outs = []
-    with slurm(args.slurm) as which, tempfile.TemporaryDirectory(prefix="walltime-fit-") as d:
+    with (
+        slurm(args.slurm, args.node_cpus) as which,
+        tempfile.TemporaryDirectory(prefix="walltime-fit-") as d,
+    ):
         for name in args.systems:
             log(f"== {name}")
             outs.append(run_system(name, args, Path(d)))

@@ -1,7 +1,7 @@
 """A single-node SLURM on this machine, for the tests and the walltime benchmark.
 
 ``local_slurm(directory)`` writes a ``slurm.conf`` (this host as the only node, its
-CPUs, memory from what is free; jobs purged 2 s after they end, a 5 s kill wait) and a
+CPUs or as many as asked (``config_overrides``), memory from what is free; jobs purged 2 s after they end, a 5 s kill wait) and a
 munge key in ``directory``, starts ``munged``, ``slurmctld`` and ``slurmd`` there
 (everything on loopback, on free ports), waits until ``sinfo`` shows the node idle,
 sets ``SLURM_CONF`` for this process (``sbatch``/``squeue`` read it, and jobs inherit
@@ -75,6 +75,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 MpiDefault=none
 ReturnToService=2
+SlurmdParameters=config_overrides
 SchedulerType=sched/builtin
 SchedulerParameters=sched_interval=1
 MinJobAge=2

@@ -16,10 +16,12 @@ proportions dask-jobqueue documents (55 min and 4 min for a one-hour walltime).
 
 Measured, per system: wall time from submission to the last result; each task's
 result checked; task attempts started and finished (every attempt records its start
-and touches its file each second in a directory both systems' workers see: an
-attempt that never finished was killed, by the walltime or by its worker leaving);
-wasted core-seconds (for unfinished attempts, from start to their last touch); jobs
-submitted (the distinct job ids among the job log files); and the longest time with
+and its job id, and touches its file each second, in a directory both systems'
+workers see): an attempt that never finished was killed by the walltime if its job's
+log says SLURM cancelled it "DUE TO TIME LIMIT", else lost otherwise (its worker left,
+at its lifetime, with the task running); wasted core-seconds (for unfinished attempts,
+from start to their last touch); jobs submitted (the distinct job ids among the job
+log files) and of those, killed by the walltime; and the longest time with
 fewer than ``minimum_jobs`` workers once the cluster first had them (sampled every
 0.2 s), next to the time the first workers took to start.
 
@@ -65,7 +67,7 @@ def fit_task(index: int, seconds: float, attempts_dir: str) -> int:
     """Sleep ``seconds`` in one-second steps, recording the attempt: its file is
     created at the start, touched every second, and renamed ``.done`` at the end."""
     path = Path(attempts_dir) / f"{index}-{uuid.uuid4().hex[:8]}.run"
-    path.write_text(f"{time.time()}\n")
+    path.write_text(f"{time.time()} {os.environ.get('SLURM_JOB_ID', '')}\n")
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0:
         time.sleep(min(1.0, left))
@@ -83,7 +85,9 @@ class Outcome:
     started: int = 0
     finished: int = 0
     wasted: float = 0.0
+    by_walltime: int = 0
     jobs: int = 0
+    jobs_walltime_killed: int = 0
     startup: float | None = None
     longest_below: float = 0.0
     duration_hint: str = ""
@@ -130,18 +134,36 @@ class WorkerSampler:
             self.longest = max(self.longest, time.monotonic() - self.below_since)
 
 
-def attempts(attempts_dir: Path) -> tuple[int, int, float]:
-    """(started, finished, wasted core-seconds of the unfinished)."""
-    started = finished = 0
-    wasted = 0.0
+@dataclass
+class Attempts:
+    started: int = 0
+    finished: int = 0
+    wasted: float = 0.0  # core-seconds of the unfinished attempts
+    by_walltime: int = 0  # unfinished, in a job SLURM killed at its time limit
+
+
+def attempts(attempts_dir: Path, walltime_killed: set[str] = frozenset()) -> Attempts:  # type: ignore[assignment]
+    """Count the attempts recorded in ``attempts_dir`` (see ``fit_task``); those in a job
+    of ``walltime_killed`` that never finished were killed by the walltime."""
+    out = Attempts()
     for path in attempts_dir.iterdir():
-        started += 1
+        out.started += 1
         if path.suffix == ".done":
-            finished += 1
-        else:
-            start = float(path.read_text().split()[0])
-            wasted += max(0.0, path.stat().st_mtime - start)
-    return started, finished, wasted
+            out.finished += 1
+            continue
+        start, _, job = path.read_text().strip().partition(" ")
+        out.wasted += max(0.0, path.stat().st_mtime - float(start))
+        out.by_walltime += job in walltime_killed
+    return out
+
+
+def walltime_killed(log_dir: Path) -> set[str]:
+    """Job ids whose log says SLURM cancelled them at their time limit."""
+    return {
+        p.stem.rpartition("-")[2]
+        for p in log_dir.iterdir()
+        if p.suffix in (".out", ".err") and "DUE TO TIME LIMIT" in p.read_text(errors="replace")
+    }
 
 
 def job_ids(log_dir: Path) -> set[str]:
@@ -182,14 +204,15 @@ def run_system(name: str, args: argparse.Namespace, work: Path) -> Outcome:
                 sampler.stop()
             out.correct = sum(r == i * i for i, r in enumerate(results))
             out.longest_below = sampler.longest
-        out.started, out.finished, out.wasted = attempts(attempts_dir)
-        out.jobs = len(job_ids(log_dir))
     except Exception as e:
         out.error = f"{type(e).__name__}: {e}"
         log(traceback.format_exc())
-        with contextlib.suppress(Exception):
-            out.started, out.finished, out.wasted = attempts(attempts_dir)
-            out.jobs = len(job_ids(log_dir))
+    with contextlib.suppress(Exception):
+        killed = walltime_killed(log_dir)
+        counts = attempts(attempts_dir, killed)
+        out.started, out.finished, out.wasted = counts.started, counts.finished, counts.wasted
+        out.by_walltime = counts.by_walltime
+        out.jobs, out.jobs_walltime_killed = len(job_ids(log_dir)), len(killed)
     log(f"{name}: {out}")
     return out
 
@@ -280,16 +303,17 @@ def slurm(mode: str, cpus: int) -> Iterator[str]:
 def render(outs: list[Outcome], args: argparse.Namespace, command: str, settings: str) -> str:
     rows = []
     for o in outs:
-        killed = o.started - o.finished
+        lost = o.started - o.finished
         rows.append(
             [
                 o.system,
                 f"{o.wall:.0f}" if o.wall is not None else "—",
                 f"{o.correct}/{o.tasks}",
                 f"{o.started} / {o.finished}",
-                str(killed),
+                str(o.by_walltime),
+                str(lost - o.by_walltime),
                 f"{o.wasted:.0f}",
-                str(o.jobs),
+                f"{o.jobs} ({o.jobs_walltime_killed})",
                 f"{o.longest_below:.1f}",
                 f"{o.startup:.1f}" if o.startup is not None else "—",
             ]
@@ -300,9 +324,10 @@ def render(outs: list[Outcome], args: argparse.Namespace, command: str, settings
             "wall s",
             "correct",
             "attempts started / finished",
-            "attempts killed",
+            "attempts killed by walltime",
+            "attempts lost otherwise",
             "wasted core-s",
-            "jobs submitted",
+            "jobs submitted (killed by walltime)",
             f"longest s below {MINIMUM_JOBS} workers",
             "first workers' start-up s",
         ],

@@ -16,21 +16,38 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.local_slurm import missing  # noqa: E402
-from benchmarks.walltime_fit import attempts, dask_lifetime, fit_task, job_ids  # noqa: E402
+from benchmarks.walltime_fit import (  # noqa: E402
+    attempts,
+    dask_lifetime,
+    fit_task,
+    job_ids,
+    walltime_killed,
+)
 
 
-def test_attempts_count_started_finished_and_wasted(tmp_path):
-    assert fit_task(3, 0.05, str(tmp_path)) == 9
-    killed = tmp_path / "4-deadbeef.run"  # an attempt that never finished
-    killed.write_text(f"{time.time() - 30}\n")
-    os.utime(killed, (time.time() - 10, time.time() - 10))  # last touched 10 s ago
-    started, finished, wasted = attempts(tmp_path)
-    assert (started, finished) == (2, 1)
-    assert 19 < wasted < 21
-    (tmp_path / "logs").mkdir()
-    for name in ("shoal-worker-12.out", "dask-worker-13.err", "dask-worker-13.out", "x.txt"):
-        (tmp_path / "logs" / name).write_text("")
-    assert job_ids(tmp_path / "logs") == {"12", "13"}
+def test_attempts_count_started_finished_and_wasted(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "11")
+    runs = tmp_path / "attempts"
+    runs.mkdir()
+    assert fit_task(3, 0.05, str(runs)) == 9
+    now = time.time()
+    for name, job in (("4-deadbeef.run", "12"), ("5-deadbeef.run", "13")):  # unfinished
+        (runs / name).write_text(f"{now - 30} {job}\n")
+        os.utime(runs / name, (now - 10, now - 10))  # last touched 10 s ago
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "shoal-worker-11.out").write_text("")
+    (logs / "shoal-worker-12.out").write_text(
+        "slurmstepd: *** JOB 12 CANCELLED AT x DUE TO TIME LIMIT ***"
+    )
+    (logs / "dask-worker-13.err").write_text("")
+    (logs / "dask-worker-13.out").write_text("")
+    (logs / "x.txt").write_text("")
+    assert job_ids(logs) == {"11", "12", "13"}
+    assert walltime_killed(logs) == {"12"}
+    counted = attempts(runs, walltime_killed(logs))
+    assert (counted.started, counted.finished, counted.by_walltime) == (3, 1, 1)
+    assert 39 < counted.wasted < 41
     assert dask_lifetime(3600) == ("3300s", "240s")
 
 
@@ -60,5 +77,6 @@ def test_tiny_run_on_slurm(tmp_path):
         assert cells[2] == "6/6"  # every result correct
         started, finished = (int(x) for x in cells[3].split(" / "))
         assert started >= finished == 6
-        assert int(cells[6]) >= 2  # jobs submitted: at least minimum_jobs
+        assert cells[4] == "0"  # no attempt killed by the walltime (no job ran that long)
+        assert int(cells[7].split()[0]) >= 2  # jobs submitted: at least minimum_jobs
     assert "ERROR" not in report

@@ -498,7 +498,7 @@ def worker(
 def _walltime_options(lifetime: str | None, stagger: str, max_tasks: str | None) -> dict[str, Any]:
     """The Worker arguments of --lifetime, --lifetime-stagger and --max-tasks; a bad
     value is a usage error naming its option."""
-    from shoal.durations import parse_duration, parse_task_budget
+    from shoal._durations import parse_duration, parse_task_budget
 
     try:
         return {

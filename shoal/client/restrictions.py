@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shoal.durations import parse_duration
+from shoal._durations import parse_duration
 from shoal.protocol import messages as m
 
 

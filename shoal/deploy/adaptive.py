@@ -17,8 +17,8 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from shoal._durations import parse_duration
 from shoal.core.scheduler.adaptive import DEFAULT_TASK_DURATION, AdaptivePolicy
-from shoal.durations import parse_duration
 from shoal.protocol import messages as m
 
 if TYPE_CHECKING:

@@ -427,7 +427,7 @@ class _Walltime:
 def _walltime(
     lifetime: Any, stagger: Any, restart: bool | None, max_tasks: Any, nanny: bool
 ) -> _Walltime:
-    from shoal.durations import parse_duration, parse_task_budget
+    from shoal._durations import parse_duration, parse_task_budget
 
     seconds = None if lifetime is None else parse_duration(lifetime, "lifetime")
     spread = parse_duration(stagger, "lifetime_stagger", allow_zero=True)

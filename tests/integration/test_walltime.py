@@ -32,6 +32,13 @@ def pid_of_task(i: int) -> int:
     return os.getpid()
 
 
+def import_path() -> str:
+    """The import path of this process, for a worker that must import this module (as
+    conftest.child_env, which a module imported by workers cannot import by name)."""
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    return os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+
+
 def where(i: int) -> tuple[int, str]:
     return i, os.environ.get("SHOAL_TEST_NAME", "")
 
@@ -104,9 +111,7 @@ def test_a_hinted_task_waits_for_a_worker_with_time_and_the_client_is_told_once(
             )  # fmt: skip
             time.sleep(0.5)  # it ran nowhere meanwhile
             assert not any(f.done() for f in longs)
-            from conftest import child_env  # here: workers import this module too
-
-            env = {**child_env(), "SHOAL_TEST_NAME": "fresh"}
+            env = {**os.environ, "PYTHONPATH": import_path(), "SHOAL_TEST_NAME": "fresh"}
             spawn("worker", s.address, "--name", "fresh", "--lifetime", "1h", env=env)
             assert sorted(client.gather(longs)) == [(i, "fresh") for i in range(3)]
         events = [e for _, e in client.get_events("scheduling") if e["action"] == "unplaceable"]

@@ -41,13 +41,13 @@ from typing import Any, ClassVar
 
 import psutil
 
+from shoal._durations import parse_duration
 from shoal.client.loop import LoopRunner
 from shoal.comm.security import Security
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.deploy.adaptive import DEFAULT_TASK_DURATION, Adaptive
 from shoal.deploy.elastic import ElasticCluster
 from shoal.deploy.local import _cluster_security
-from shoal.durations import parse_duration
 from shoal.jobqueue import _options as opt
 from shoal.jobqueue._job import RUNNING, JobSpec, JobSystem
 from shoal.jobqueue._tracker import JobTracker, TrackedJob

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from shoal.durations import parse_duration
+from shoal._durations import parse_duration
 from shoal.server.memory import parse_bytes
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")

@@ -20,7 +20,8 @@ and its job id, and touches its file each second, in a directory both systems'
 workers see): an attempt that never finished was killed by the walltime if its job's
 log says SLURM cancelled it "DUE TO TIME LIMIT", else lost otherwise (its worker left,
 at its lifetime, with the task running); wasted core-seconds (for unfinished attempts,
-from start to their last touch); jobs submitted (the distinct job ids among the job
+from start to their last touch, plus whole recomputations: finished attempts of a task
+that had finished before, its result lost with its worker); jobs submitted (the distinct job ids among the job
 log files) and of those, killed by the walltime; and the longest time with
 fewer than ``minimum_jobs`` workers once the cluster first had them (sampled every
 0.2 s), next to the time the first workers took to start.
@@ -86,6 +87,7 @@ class Outcome:
     finished: int = 0
     wasted: float = 0.0
     by_walltime: int = 0
+    recomputed: int = 0
     jobs: int = 0
     jobs_walltime_killed: int = 0
     startup: float | None = None
@@ -138,22 +140,29 @@ class WorkerSampler:
 class Attempts:
     started: int = 0
     finished: int = 0
-    wasted: float = 0.0  # core-seconds of the unfinished attempts
+    wasted: float = 0.0  # core-seconds of the unfinished attempts and of the recomputed
     by_walltime: int = 0  # unfinished, in a job SLURM killed at its time limit
+    recomputed: int = 0  # finished attempts of a task that had finished before
 
 
 def attempts(attempts_dir: Path, walltime_killed: set[str] = frozenset()) -> Attempts:  # type: ignore[assignment]
     """Count the attempts recorded in ``attempts_dir`` (see ``fit_task``); those in a job
     of ``walltime_killed`` that never finished were killed by the walltime."""
     out = Attempts()
+    finished: dict[str, list[float]] = {}  # task index -> durations of its finished attempts
     for path in attempts_dir.iterdir():
         out.started += 1
+        start, _, job = path.read_text().strip().partition(" ")
+        seconds = max(0.0, path.stat().st_mtime - float(start))
         if path.suffix == ".done":
             out.finished += 1
+            finished.setdefault(path.name.partition("-")[0], []).append(seconds)
             continue
-        start, _, job = path.read_text().strip().partition(" ")
-        out.wasted += max(0.0, path.stat().st_mtime - float(start))
+        out.wasted += seconds
         out.by_walltime += job in walltime_killed
+    for durations in finished.values():  # all but one finished attempt were recomputations
+        out.recomputed += len(durations) - 1
+        out.wasted += sum(sorted(durations)[1:])
     return out
 
 
@@ -198,6 +207,13 @@ def run_system(name: str, args: argparse.Namespace, work: Path) -> Outcome:
                     _submit(name, client, i, args.task_seconds, str(attempts_dir), out)
                     for i in range(args.tasks)
                 ]
+                while not all(f.done() for f in futures):
+                    if time.monotonic() - t0 > args.run_timeout:
+                        done = sum(f.done() for f in futures)
+                        raise TimeoutError(
+                            f"{done}/{len(futures)} tasks done after {args.run_timeout:g} s"
+                        )
+                    time.sleep(0.2)
                 results = client.gather(futures)
                 out.wall = time.monotonic() - t0
             finally:
@@ -211,7 +227,7 @@ def run_system(name: str, args: argparse.Namespace, work: Path) -> Outcome:
         killed = walltime_killed(log_dir)
         counts = attempts(attempts_dir, killed)
         out.started, out.finished, out.wasted = counts.started, counts.finished, counts.wasted
-        out.by_walltime = counts.by_walltime
+        out.by_walltime, out.recomputed = counts.by_walltime, counts.recomputed
         out.jobs, out.jobs_walltime_killed = len(job_ids(log_dir)), len(killed)
     log(f"{name}: {out}")
     return out
@@ -312,6 +328,7 @@ def render(outs: list[Outcome], args: argparse.Namespace, command: str, settings
                 f"{o.started} / {o.finished}",
                 str(o.by_walltime),
                 str(lost - o.by_walltime),
+                str(o.recomputed),
                 f"{o.wasted:.0f}",
                 f"{o.jobs} ({o.jobs_walltime_killed})",
                 f"{o.longest_below:.1f}",
@@ -326,6 +343,7 @@ def render(outs: list[Outcome], args: argparse.Namespace, command: str, settings
             "attempts started / finished",
             "attempts killed by walltime",
             "attempts lost otherwise",
+            "tasks recomputed",
             "wasted core-s",
             "jobs submitted (killed by walltime)",
             f"longest s below {MINIMUM_JOBS} workers",
@@ -370,6 +388,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "a replacement need not wait for a CPU; the tasks sleep)",
     )
     p.add_argument("--startup-timeout", type=float, default=120.0)
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the tasks")
     p.add_argument("--tiny", action="store_true", help="6 tasks of 2 s: a quick check")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
     args = p.parse_args(argv)

@@ -30,6 +30,7 @@ def test_attempts_count_started_finished_and_wasted(tmp_path, monkeypatch):
     runs = tmp_path / "attempts"
     runs.mkdir()
     assert fit_task(3, 0.05, str(runs)) == 9
+    assert fit_task(3, 0.05, str(runs)) == 9  # recomputed (its result was lost)
     now = time.time()
     for name, job in (("4-deadbeef.run", "12"), ("5-deadbeef.run", "13")):  # unfinished
         (runs / name).write_text(f"{now - 30} {job}\n")
@@ -46,8 +47,9 @@ def test_attempts_count_started_finished_and_wasted(tmp_path, monkeypatch):
     assert job_ids(logs) == {"11", "12", "13"}
     assert walltime_killed(logs) == {"12"}
     counted = attempts(runs, walltime_killed(logs))
-    assert (counted.started, counted.finished, counted.by_walltime) == (3, 1, 1)
-    assert 39 < counted.wasted < 41
+    assert (counted.started, counted.finished, counted.by_walltime) == (4, 2, 1)
+    assert counted.recomputed == 1
+    assert 39.9 < counted.wasted < 41  # two unfinished of 20 s, and one recomputation
     assert dask_lifetime(3600) == ("3300s", "240s")
 
 
@@ -78,5 +80,5 @@ def test_tiny_run_on_slurm(tmp_path):
         started, finished = (int(x) for x in cells[3].split(" / "))
         assert started >= finished == 6
         assert cells[4] == "0"  # no attempt killed by the walltime (no job ran that long)
-        assert int(cells[7].split()[0]) >= 2  # jobs submitted: at least minimum_jobs
+        assert int(cells[8].split()[0]) >= 2  # jobs submitted: at least minimum_jobs
     assert "ERROR" not in report

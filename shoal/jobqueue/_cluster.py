@@ -55,7 +55,6 @@ from shoal.protocol import messages as m
 
 logger = logging.getLogger("shoal.jobqueue")
 _live: weakref.WeakSet[JobQueueCluster] = weakref.WeakSet()
-JOIN_SAMPLE_INTERVAL = 0.1  # seconds between looks at which jobs' workers have joined
 
 
 class JobQueueCluster(ElasticCluster):
@@ -184,8 +183,8 @@ class JobQueueCluster(ElasticCluster):
         env = dict(os.environ)
         env.update(self.security.to_env())  # passed on to the job by the queue system
         self._tracker = JobTracker(self._system, spec, env)
+        self._hook_joins()
         self._watcher = asyncio.ensure_future(self._watch())
-        self._join_watcher = asyncio.ensure_future(self._watch_joins())
 
     # ------------------------------------------------------------------ public
 
@@ -298,13 +297,21 @@ class JobQueueCluster(ElasticCluster):
             except Exception as e:  # squeue failing now and then: look again next time
                 logger.warning("watching the jobs: %s: %s", type(e).__name__, e)
 
-    async def _watch_joins(self) -> None:
-        """Note every job whose worker joined, between polls of the queue too (a worker
-        may join and leave before the next poll)."""
-        while True:
-            await asyncio.sleep(JOIN_SAMPLE_INTERVAL)
-            if any(len(j.joined) < len(j.names) for j in self._tracker.live()):
-                self._note_joins()
+    def _hook_joins(self) -> None:
+        """Note each job whose worker joins as it joins: a worker may join and be gone
+        (its job cancelled, its node lost) before the next poll of the queue, and must
+        not count as one that never connected."""
+        state = self._scheduler.state
+        add_worker = state.add_worker
+
+        def noting_add_worker(*args: Any, **kwargs: Any) -> Any:
+            record = add_worker(*args, **kwargs)
+            job = self._tracker.job_of(record.name)
+            if job is not None:
+                job.joined.add(record.name)
+            return record
+
+        state.add_worker = noting_add_worker
 
     def _note_joins(self) -> None:
         joined = {ws.name for ws in self._scheduler.state.workers.values()}
@@ -376,11 +383,10 @@ class JobQueueCluster(ElasticCluster):
             runner.stop()
 
     async def _cancel_all(self, timeout: float) -> None:
-        for task in (self._watcher, getattr(self, "_join_watcher", None)):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         tracker = getattr(self, "_tracker", None)
         deadline = time.monotonic() + timeout
         try:

@@ -46,7 +46,11 @@ class JobTracker:
         self.env = env  # for every command: sbatch/qsub pass it on to the job
         self.user = getpass.getuser()
         self.jobs: dict[str, TrackedJob] = {}  # every job submitted, ended ones too
+        self.by_worker: dict[str, TrackedJob] = {}  # worker name -> its job
         self.submitted = 0
+
+    def job_of(self, worker_name: str) -> TrackedJob | None:
+        return self.by_worker.get(worker_name)
 
     def live(self) -> list[TrackedJob]:
         return [j for j in self.jobs.values() if j.state != ENDED]
@@ -61,6 +65,7 @@ class JobTracker:
         names = [self.system.worker_name(self.spec, job_id, i) for i in range(self.spec.processes)]
         job = TrackedJob(job_id, names, self.system.log_path(self.spec, job_id), time.monotonic())
         self.jobs[job_id] = job
+        self.by_worker.update(dict.fromkeys(names, job))
         self.submitted += 1
         logger.info("submitted job %s (workers %s)", job_id, ", ".join(names))
         return job

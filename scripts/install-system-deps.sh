@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Debian packages the tests need beyond Python: a real SLURM (slurm-wlm, munge) and
+# Grid Engine (gridengine-*), which tests/jobqueue start on this machine. Idempotent
+# and quick when they are there; needs root and apt-get, and otherwise says so and
+# does nothing (those tests then skip, with the reason).
+set -euo pipefail
+packages=(slurm-wlm munge gridengine-master gridengine-exec gridengine-client)
+missing=()
+for package in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$package")
+    fi
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-system-deps: not root or no apt-get: not installing ${missing[*]}" \
+        "(the tests needing them will skip)" >&2
+    exit 0
+fi
+echo "install-system-deps: installing ${missing[*]}" >&2
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -227,3 +227,28 @@ def test_adapt_between_minimum_and_maximum_jobs(tmp_path):
             cluster.wait_for_workers(1, timeout=60)
             assert client.submit(square, 5).result(timeout=30) == 25
     assert queued() == {}
+
+
+def pid_after(x: int) -> tuple[int, int]:
+    time.sleep(0.02)
+    return x, os.getpid()
+
+
+def test_max_tasks_runs_at_most_that_many_per_worker_process(tmp_path):
+    # The bar on the real SLURM: --max-tasks 5 with 100 tasks, at most 5 per
+    # worker process and none failing. Each worker leaves after its fifth task and its
+    # nanny starts a fresh one inside the same job (--lifetime-restart).
+    extra = ["--max-tasks", "5", "--lifetime-restart"]
+    with make(tmp_path, worker_extra_args=extra) as cluster:
+        cluster.scale(jobs=2)
+        cluster.wait_for_workers(2, timeout=60)
+        with Client(cluster) as client:
+            futures = client.map(pid_after, range(100), pure=False)
+            results = client.gather(futures)  # raises if any task failed
+    assert sorted(x for x, _ in results) == list(range(100))
+    per_process: dict[int, int] = {}
+    for _, pid in results:
+        per_process[pid] = per_process.get(pid, 0) + 1
+    assert max(per_process.values()) <= 5, per_process
+    assert len(per_process) >= 20
+    assert queued() == {}

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import msgspec
+
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
@@ -56,6 +58,11 @@ class ElasticCluster:
 
     def _control_runner(self) -> LoopRunner:
         raise NotImplementedError
+
+    def _replace_ahead(self) -> float:
+        """Seconds before a worker's lifetime ends at which its replacement should be
+        started (0: when it has gone); a job-queue cluster says its jobs' start-up."""
+        return 0.0
 
     # ------------------------------------------------------------ the public API
 
@@ -140,7 +147,10 @@ class ElasticCluster:
         async with self._scale_lock:
             conn = await self._connection()
             names = self._worker_names()  # those leaving too: the core knows them
-            reply, _ = await conn.request(make(names), timeout=REQUEST_TIMEOUT)
+            build, ahead = make(names), self._replace_ahead()
+            if ahead:
+                build = _with_replace_ahead(build, ahead)
+            reply, _ = await conn.request(build, timeout=REQUEST_TIMEOUT)
             assert isinstance(reply, m.ScaleReply)
             if reply.error:
                 raise ValueError(reply.error)
@@ -189,6 +199,10 @@ class ElasticCluster:
 
         with contextlib.suppress(Exception):
             self._run(stop())
+
+
+def _with_replace_ahead(build: Any, ahead: float) -> Any:
+    return lambda rid: msgspec.structs.replace(build(rid), replace_ahead=ahead)
 
 
 def _ignore(conn: Connection, frame: Frame) -> None:

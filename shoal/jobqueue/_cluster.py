@@ -11,7 +11,9 @@ pending counts as requested (it is "starting"), not as a worker.
 A tracker lists the queue every ``poll_interval``. A job that ends without having been
 asked to (its workers reached their lifetime, the walltime, ``scancel``, a node
 failure) is replaced, to keep the size ``scale`` asked for (under ``adapt``, the next
-round asks for what the work needs, never below ``minimum``). With a walltime, each
+round asks for what the work needs, never below ``minimum``). A worker whose lifetime
+ends within a job's start-up (measured) no longer counts: its replacement is submitted
+while it still works, so that the cluster does not dip below its size. With a walltime, each
 worker gets a lifetime (the walltime less a margin, staggered): it hands off its data
 and leaves before the queue kills it, and its job is replaced.
 
@@ -54,6 +56,7 @@ from shoal.jobqueue._tracker import JobTracker, TrackedJob
 from shoal.protocol import messages as m
 
 logger = logging.getLogger("shoal.jobqueue")
+STARTUP_GUESS = 30.0  # seconds a job takes to start, until one has been measured
 _live: weakref.WeakSet[JobQueueCluster] = weakref.WeakSet()
 
 
@@ -133,6 +136,8 @@ class JobQueueCluster(ElasticCluster):
         self.status = "starting"
         self.job_errors: list[str] = []  # every job whose worker never connected
         self._unreported: list[str] = []  # of those, not yet raised by wait_for_workers
+        self._startups: list[float] = []  # seconds from submitting a job to its first worker
+        self._expiring: frozenset[str] = frozenset()  # replaced ahead of their lifetime's end
         self._system = job_system or self.job_system()
         self._spec_args: dict[str, Any] = dict(
             job_name=job_name,
@@ -280,6 +285,31 @@ class JobQueueCluster(ElasticCluster):
     def _worker_names(self) -> list[str]:
         return [name for job in self._tracker.live() for name in job.names]
 
+    def _replace_ahead(self) -> float:
+        """A job's start-up (the longest of the last few measured, ``STARTUP_GUESS``
+        before any) and two polls: a worker whose lifetime ends sooner no longer
+        counts, so its replacement job is submitted while it still works and joins
+        about when it leaves."""
+        if self.lifetime is None:
+            return 0.0
+        startup = max(self._startups[-5:], default=STARTUP_GUESS)
+        return startup + 2 * self.poll_interval
+
+    def _newly_expiring(self) -> bool:
+        """Whether a worker's lifetime came within ``_replace_ahead`` since the last look
+        (then ``scale`` asks again, so that its replacement starts)."""
+        if self.lifetime is None:
+            return False
+        end = time.time() + self._replace_ahead()
+        expiring = frozenset(
+            ws.name
+            for ws in self._scheduler.state.workers.values()
+            if ws.deadline is not None and ws.deadline <= end
+        )
+        new = bool(expiring - self._expiring)
+        self._expiring = expiring
+        return new
+
     async def _stop_workers(self, names: list[str]) -> None:
         """Cancel the jobs all of whose workers are to stop (pending ones, mostly)."""
         going = set(names) | self._leaving
@@ -308,6 +338,8 @@ class JobQueueCluster(ElasticCluster):
             record = add_worker(*args, **kwargs)
             job = self._tracker.job_of(record.name)
             if job is not None:
+                if not job.joined:  # from submission to its first worker: its start-up
+                    self._startups.append(time.monotonic() - job.submitted_at)
                 job.joined.add(record.name)
             return record
 
@@ -347,11 +379,9 @@ class JobQueueCluster(ElasticCluster):
         lost = [j for j in ended if not j.stop_requested and not j.error]
         if lost:
             logger.info("jobs ended: %s", ", ".join(j.id for j in lost))
-            if self.adaptive is None and self.status == "running":
-                # Keep the size scale() asked for (adapt's next round does this itself).
-                await self._scale(
-                    lambda names: lambda rid: m.ScaleRequest(rid, names, self.n_workers)
-                )
+        if (lost or self._newly_expiring()) and self.adaptive is None and self.status == "running":
+            # Keep the size scale() asked for (adapt's next round does this itself).
+            await self._scale(lambda names: lambda rid: m.ScaleRequest(rid, names, self.n_workers))
 
     def _job_failed(self, job: TrackedJob, what: str) -> None:
         job.error = (

@@ -808,6 +808,9 @@ class ScaleRequest(Message):
     wait_count: Annotated[int, msgspec.Meta(ge=1)] = 3
     default_task_duration: Annotated[float, msgspec.Meta(ge=0)] = 0.5
     threads_per_worker: Annotated[int, msgspec.Meta(ge=1)] = 1  # of workers it would start
+    # Seconds: a worker whose lifetime ends sooner than this is leaving already, not
+    # counted, so that its replacement starts now (a job-queue cluster: job start-up).
+    replace_ahead: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 class ScaleReply(Message):

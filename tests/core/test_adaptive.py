@@ -358,3 +358,26 @@ def test_events_are_stamped_with_the_scheduler_wall_clock():
     assert when == 1234.5
     assert event["action"] == "up" and event["start"] == 1 and event["client"] == "c"
     assert event["reason"] == "scale(2) asked by the cluster (have 1)"
+
+
+def test_a_worker_ending_within_replace_ahead_is_replaced_while_it_works():
+    # A job-queue cluster asks with its jobs' start-up as replace_ahead: a worker whose
+    # lifetime ends sooner is leaving already, so its replacement starts now, and it
+    # is never the one closed (it leaves by itself).
+    sim = Sim(workers={})
+    sim.s.tick(1000.0)
+    sim.add_worker(addr(1), lifetime=100.0)
+    sim.add_worker(addr(2), lifetime=300.0)
+    cluster = ["w1:1", "w2:1"]
+    assert scale(sim, cluster, n=2, replace_ahead=20.0).action == "same"
+    sim.s.tick(1085.0)  # w1 has 15 s left: within 20
+    reply = scale(sim, cluster, n=2, replace_ahead=20.0)
+    assert reply.action == "up" and reply.start == 1
+    [event] = [e for _, e in sim.s.events.get("adaptive") if e.get("action") == "up"]
+    assert "1 ending within 20s not counted" in event["reason"]
+    # With the replacement launching, nothing more; a scale-down never picks w1.
+    assert scale(sim, [*cluster, "new1"], n=2, replace_ahead=20.0).action == "same"
+    reply = scale(sim, [*cluster, "new1"], n=1, replace_ahead=20.0)
+    assert "w1:1" not in reply.closing and not closes(sim, addr(1))
+    # Without replace_ahead (a cluster that does not ask), w1 counts until it goes.
+    assert scale(sim, cluster, n=2).action == "same"

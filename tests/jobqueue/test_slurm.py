@@ -152,13 +152,18 @@ def test_walltime_kill_and_lifetime_are_replaced(tmp_path):
         started = time.monotonic()
         wait_until(lambda: leaving_job not in leaving.jobs, 70, "the lifetime to end the job")
         assert time.monotonic() - started < 58  # before the walltime
+        # Its replacement was submitted while it still worked (a job's start-up ahead of
+        # its lifetime's end), not once it had gone.
+        assert leaving.jobs_submitted == 2
+        old, [new] = leaving._tracker.jobs[leaving_job], leaving.jobs
+        assert old.ended_at is not None and leaving._tracker.jobs[new].submitted_at < old.ended_at
+        wait_until(lambda: leaving.n_joined == 1, 30, "the replacement worker")
         assert killed_job in killed.jobs  # still running: it has no lifetime
         wait_until(lambda: killed_job not in killed.jobs, 100, "the walltime to kill the job")
-        for cluster, job in ((killed, killed_job), (leaving, leaving_job)):
-            wait_until(
-                lambda c=cluster: c.n_joined == 1 and len(c.jobs) == 1, 60, "a replacement worker"
-            )
-            assert cluster.jobs_submitted == 2 and job not in cluster.jobs
+        wait_until(
+            lambda: killed.n_joined == 1 and len(killed.jobs) == 1, 60, "a replacement worker"
+        )
+        assert killed.jobs_submitted == 2 and killed_job not in killed.jobs
         killed_log = Path(killed.log_path(killed_job)).read_text()
         leaving_log = Path(leaving.log_path(leaving_job)).read_text()
         assert "DUE TO TIME LIMIT" in killed_log

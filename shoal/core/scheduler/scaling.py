@@ -162,8 +162,15 @@ class Scaling:
         away.intersection_update(names)  # the rest have exited: forgotten
         by_name = {ws.name: ws for ws in self.workers.values()}
         joined = [by_name[n] for n in names if n in by_name]
-        # Retiring or told to stop (the rest of ``away``) are leaving: not counted again.
-        staying = [ws for ws in joined if ws.status != "retiring" and ws.name not in away]
+        # Retiring or told to stop (the rest of ``away``) are leaving: not counted again;
+        # nor are those whose lifetime ends within ``replace_ahead`` (they leave on their
+        # own, and their replacements should be up by then).
+        expiring = self._expiring(joined, msg.replace_ahead)
+        staying = [
+            ws
+            for ws in joined
+            if ws.status != "retiring" and ws.name not in away and ws.name not in expiring
+        ]
         launching = [n for n in names if n not in by_name and n not in away]
         current = len(staying) + len(launching)
         if msg.n >= 0:
@@ -174,7 +181,12 @@ class Scaling:
                 current,
                 msg.n,
                 msg.n,
-                f"scale({msg.n}) asked by the cluster (have {current})",
+                f"scale({msg.n}) asked by the cluster (have {current}"
+                + (
+                    f"; {len(expiring)} ending within {msg.replace_ahead:g}s not counted)"
+                    if expiring
+                    else ")"
+                ),
             )
             session_name = ""
         else:
@@ -198,6 +210,13 @@ class Scaling:
         away.update(reply.closing)
         self._log_decision(cs.id, session_name, decision, reply)
         self.comm.send_client(cs.id, reply)
+
+    def _expiring(self, joined: list[WorkerRecord], ahead: float) -> set[str]:
+        """The names of ``joined`` workers whose lifetime ends within ``ahead`` seconds."""
+        if ahead <= 0:
+            return set()
+        end = self.wall_time + ahead
+        return {ws.name for ws in joined if ws.deadline is not None and ws.deadline <= end}
 
     def _session(self, cs: ClientRecord, msg: m.ScaleRequest) -> AdaptiveSession:
         policy = AdaptivePolicy(

@@ -4,6 +4,7 @@ raised when a state machine is asked for a transition it does not allow."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from shoal.protocol.messages import Key
@@ -42,3 +43,26 @@ class StoryLog:
 
     def __len__(self) -> int:
         return len(self._log)
+
+
+Record = Callable[[tuple[Any, ...]], None]
+
+
+def transition_recorder(
+    story: Record, sink: list[tuple[Any, ...]] | None, wake: Callable[[], None] | None = None
+) -> Record:
+    """What a state machine calls with each transition ``(key, start, finish,
+    stimulus_id)``: ``story`` alone, or while watched (``sink`` given) ``story`` and
+    ``sink`` too, calling ``wake()`` when ``sink`` stops being empty. Unwatched, a
+    transition costs what it did before plugins watched them."""
+    if sink is None:
+        return story
+    pending = sink
+
+    def record(entry: tuple[Any, ...]) -> None:
+        story(entry)
+        if not pending and wake is not None:
+            wake()
+        pending.append(entry)
+
+    return record

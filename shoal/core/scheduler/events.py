@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.story import StoryLog
+from shoal.core.story import StoryLog, transition_recorder
 from shoal.protocol import messages as m
 
 DEFAULT_EVENTS_PER_TOPIC = 1_000  # as Dask's distributed.admin.low-level-log-length
@@ -78,19 +78,7 @@ class Events:
         well as to the story, calling ``wake()`` when ``sink`` stops being empty; or
         stop (None). Plugins' ``transition`` hooks are fed so; unwatched, a transition
         costs what it did before plugins existed."""
-        story = self.log.append
-        if sink is None:
-            self._record_transition = story
-            return
-        pending = sink
-
-        def record(entry: tuple[Any, ...]) -> None:
-            story(entry)
-            if not pending and wake is not None:
-                wake()
-            pending.append(entry)
-
-        self._record_transition = record
+        self._record_transition = transition_recorder(self.log.append, sink, wake)
 
     def tick(self, now: float, stimulus_id: str = "") -> None:
         """The server's wall clock (``time.time()``), given before each batch of events

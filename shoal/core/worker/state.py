@@ -47,7 +47,7 @@ import heapq
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
-from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.story import InvalidTransition, Record, StoryLog, transition_recorder
 from shoal.core.worker.events import (  # noqa: F401  (re-exported: the events are part of the API)
     Event,
     Execute,
@@ -174,7 +174,7 @@ class WorkerState(Fetching, Releases):
         self._story = StoryLog()
         self._log = self._story.append
         # Where transitions are recorded: the story, and while watched a sink too.
-        self._record_transition = self._story.append
+        self._record_transition: Record = self._story.append
         self._out: list[Instruction] = []
         self._ready: list[tuple[tuple[int, ...], int, WTask]] = []  # heap, lazy deletion
         self._constrained: list[tuple[tuple[int, ...], int, WTask]] = []  # ready, need resources
@@ -255,19 +255,7 @@ class WorkerState(Fetching, Releases):
         well as to the story, calling ``wake()`` when ``sink`` stops being empty; or
         stop (None). Plugins' ``transition`` hooks are fed so; unwatched, a transition
         costs what it did before plugins existed."""
-        story = self._story.append
-        if sink is None:
-            self._record_transition = story
-            return
-        pending = sink
-
-        def record(entry: tuple[Any, ...]) -> None:
-            story(entry)
-            if not pending and wake is not None:
-                wake()
-            pending.append(entry)
-
-        self._record_transition = record
+        self._record_transition = transition_recorder(self._story.append, sink, wake)
 
     # --- transitions ------------------------------------------------------------------
 

@@ -40,13 +40,14 @@ from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
+from shoal.deploy.cluster_view import ClusterViewMixin
 from shoal.deploy.elastic import ElasticCluster
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
 
-class LocalCluster(ElasticCluster):
+class LocalCluster(ClusterViewMixin, ElasticCluster):
     def __init__(
         self,
         n_workers: int | None = None,
@@ -389,12 +390,6 @@ class LocalCluster(ElasticCluster):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return (
-            f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
-            f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
-        )
-
 
 class _Walltime:
     """LocalCluster's lifetime and task budget options, checked, for its workers."""
@@ -512,6 +507,9 @@ def _in_thread(fn: Any) -> Any:
 
 @atexit.register
 def _close_all() -> None:
+    clients = sys.modules.get("shoal.client.client")
+    if clients is not None:  # clients first: their cluster closing is no lost scheduler
+        clients.close_live_clients()
     for cluster in list(_live):
         with contextlib.suppress(Exception):
             cluster.close(timeout=3)

@@ -11,10 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 from shoal import Client, LocalCluster
-
-from conftest import child_env
 
 
 def test_client_starts_a_local_cluster_with_dask_keywords() -> None:

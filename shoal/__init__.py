@@ -9,7 +9,7 @@ from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
 from shoal.client.plugins import PluginError
 from shoal.client.progress import progress
-from shoal.client.worker_client import get_client, rejoin, secede, worker_client
+from shoal.client.worker_client import get_client, get_worker, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.adaptive import Adaptive
 from shoal.deploy.local import LocalCluster
@@ -39,6 +39,7 @@ __all__ = [
     "__version__",
     "as_completed",
     "get_client",
+    "get_worker",
     "progress",
     "rejoin",
     "secede",

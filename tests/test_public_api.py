@@ -21,6 +21,7 @@ EXPECTED = [
     "__version__",
     "as_completed",
     "get_client",
+    "get_worker",
     "progress",
     "rejoin",
     "secede",

@@ -31,10 +31,12 @@ from shoal.client.construction import (
     check_cluster_kwargs,
 )
 from shoal.client.dask_graph import GraphEncoder
+from shoal.client.data_location import DataLocationMixin
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
+from shoal.client.remote import RemoteMixin
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
@@ -57,7 +59,7 @@ from shoal.protocol.serialize import (
 logger = logging.getLogger("shoal.client")
 _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
-    *(m.PinReply, m.EventsReply),
+    *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply),
 )
 T = TypeVar("T")
 # Clients of this process that may be connected: closed at exit before the clusters
@@ -76,7 +78,9 @@ def close_live_clients() -> None:
             logger.debug("closing %r at exit failed", client, exc_info=True)
 
 
-class Client(ConstructionMixin, ClusterInfo, PinsMixin, PluginsMixin):
+class Client(
+    ConstructionMixin, ClusterInfo, DataLocationMixin, RemoteMixin, PinsMixin, PluginsMixin
+):
     """Connect to a scheduler (an address, a cluster object, the address in
     ``scheduler_file``, or a new ``LocalCluster`` when none is given, started with
     ``cluster_kwargs`` such as ``n_workers``, ``threads_per_worker``, ``processes``,
@@ -653,6 +657,13 @@ class Client(ConstructionMixin, ClusterInfo, PinsMixin, PluginsMixin):
             self._send(msg)
             return None
         return self._sync(cancel())
+
+    def get_executor(self, **kwargs: Any) -> Any:
+        """A ``concurrent.futures.Executor`` running on this client's cluster;
+        ``kwargs`` go to every ``submit`` (e.g. ``workers``, ``retries``)."""
+        from shoal.client.executor import ClientExecutor
+
+        return ClientExecutor(self, **kwargs)
 
     # ---------------------------------------------------------------- gathering
 

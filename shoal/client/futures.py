@@ -329,6 +329,33 @@ class as_completed:
             return future, future._state.exception
         return future, future.result()
 
+    def next_batch(self, block: bool = True) -> list[Any]:
+        """Every future (or pair) that has finished and not been yielded yet; with
+        ``block``, wait for at least one (an empty list when none are left)."""
+        batch: list[Future] = []
+        if block:
+            with self._lock:
+                if self._count == 0:
+                    return []
+                self._count -= 1
+            batch.append(self._queue.get())
+        while True:
+            with self._lock:
+                if self._count == 0 or self._queue.empty():
+                    break
+                self._count -= 1
+                batch.append(self._queue.get_nowait())
+        return [self._item(f) for f in batch]
+
+    def batches(self) -> Iterator[list[Any]]:
+        """Iterate over lists of futures (or pairs) as they finish: each list holds
+        all that finished since the last one, at least one."""
+        while True:
+            batch = self.next_batch(block=True)
+            if not batch:
+                return
+            yield batch
+
     def __aiter__(self) -> as_completed:
         return self
 

@@ -36,7 +36,7 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -875,6 +875,27 @@ class LogEvent(Message):
     stimulus_id: str = ""
 
 
+class RunFunction(Message):
+    """Client -> worker (``client.run``) or scheduler (``client.run_on_scheduler``):
+    call a function there, outside the task graph. The scheduler unpickles it only
+    from a client that proved the cluster token (as it does plugins)."""
+
+    request_id: int
+    call: bytes  # cloudpickled (function, args, kwargs)
+
+
+class RunReply(Message):
+    """The answer to :class:`RunFunction`: ``status`` "OK" (``result`` is the pickled
+    return value) or "error" (``result`` the pickled exception, ``error`` its text);
+    ``error_type`` "PermissionError" when the request was refused as a whole."""
+
+    request_id: int
+    status: str
+    result: bytes = b""
+    error: str = ""
+    error_type: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -938,6 +959,8 @@ AnyMessage = (
     | UnregisterPlugin
     | PluginReply
     | LogEvent
+    | RunFunction
+    | RunReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -290,6 +290,14 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         error_type="ValueError",
     ),
     m.LogEvent: m.LogEvent("plugins", {"plugin": "budget", "hook": "setup"}, "plugin-1"),
+    m.RunFunction: m.RunFunction(request_id=27, call=b"\x80\x05."),
+    m.RunReply: m.RunReply(
+        request_id=27,
+        status="error",
+        result=b"\x80\x05.",
+        error="ZeroDivisionError: division by zero",
+        error_type="PermissionError",
+    ),
 }
 
 

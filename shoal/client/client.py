@@ -43,7 +43,7 @@ from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect
-from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
+from shoal.config import CONFIGURED, resolve
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import Key, check_key
@@ -95,10 +95,10 @@ class Client(
         address: Any = None,
         *,
         asynchronous: bool = False,
-        timeout: float = 30.0,
+        timeout: float = CONFIGURED,
         name: str = "",
         set_as_default: bool = True,
-        scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
+        scheduler_timeout: float = CONFIGURED,
         subscribe: bool = True,
         security: Security | None = None,
         scheduler_file: str | os.PathLike[str] | None = None,
@@ -112,6 +112,9 @@ class Client(
         self._cluster_kwargs = cluster_kwargs
         self.asynchronous = asynchronous
         self.security = security
+        # Left out: from the config (shoal.comm.timeouts.*, or distributed.comm.timeouts.*)
+        timeout = resolve(timeout, "comm.timeouts.connect")
+        scheduler_timeout = resolve(scheduler_timeout, "comm.timeouts.scheduler")
         self.timeout = timeout
         # Seconds without an answer to a heartbeat before the scheduler counts as gone
         # (a frozen or unreachable scheduler closes no connection for us).

@@ -5,6 +5,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 """
 
 from shoal.client.client import Client
+from shoal.client.datasets import fire_and_forget
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
 from shoal.client.plugins import PluginError
@@ -38,6 +39,7 @@ __all__ = [
     "WorkerPlugin",
     "__version__",
     "as_completed",
+    "fire_and_forget",
     "get_client",
     "get_worker",
     "progress",

@@ -32,6 +32,7 @@ from shoal.client.construction import (
 )
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.data_location import DataLocationMixin
+from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
@@ -59,7 +60,7 @@ from shoal.protocol.serialize import (
 logger = logging.getLogger("shoal.client")
 _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
-    *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply),
+    *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply, m.DatasetReply),
 )
 T = TypeVar("T")
 # Clients of this process that may be connected: closed at exit before the clusters
@@ -79,7 +80,13 @@ def close_live_clients() -> None:
 
 
 class Client(
-    ConstructionMixin, ClusterInfo, DataLocationMixin, RemoteMixin, PinsMixin, PluginsMixin
+    ConstructionMixin,
+    ClusterInfo,
+    DataLocationMixin,
+    DatasetsMixin,
+    RemoteMixin,
+    PinsMixin,
+    PluginsMixin,
 ):
     """Connect to a scheduler (an address, a cluster object, the address in
     ``scheduler_file``, or a new ``LocalCluster`` when none is given, started with

@@ -58,6 +58,7 @@ _REPLIES = (
     m.ScaleReply,
     m.PluginReply,
     m.RunReply,
+    m.DatasetReply,
 )
 
 

@@ -71,9 +71,7 @@ def key_problem(key: object) -> str | None:
 
 
 _NAN_KEY = "NaN is not equal to itself, so no lookup could ever find the task"
-_KEY_TYPES = (
-    "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
-)
+_KEY_TYPES = "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
 
 
 def _tuple_key_problem(key: tuple, depth: int) -> str | None:
@@ -896,6 +894,44 @@ class RunReply(Message):
     error_type: str = ""
 
 
+class FireAndForget(Message):
+    """Client -> scheduler: compute these keys even if every client releases them; the
+    scheduler lets them go once each is done (``shoal.fire_and_forget``)."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class PublishDataset(Message):
+    """Client -> scheduler: keep ``keys`` under ``name`` with ``data`` (the published
+    object, pickled with its futures as references to ``keys``)."""
+
+    request_id: int
+    name: str
+    keys: list[Key]
+    data: bytes
+    override: bool = False
+
+
+class DatasetRequest(Message):
+    """Client -> scheduler: ``op`` "get", "unpublish" (the dataset ``name``) or "list"."""
+
+    request_id: int
+    op: str
+    name: str = ""
+
+
+class DatasetReply(Message):
+    """The answer to :class:`PublishDataset` / :class:`DatasetRequest`; ``error`` when
+    refused (no such dataset, a name already taken)."""
+
+    request_id: int
+    names: list[str] = []
+    keys: list[Key] = []
+    data: bytes = b""
+    error: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -961,6 +997,10 @@ AnyMessage = (
     | LogEvent
     | RunFunction
     | RunReply
+    | FireAndForget
+    | PublishDataset
+    | DatasetRequest
+    | DatasetReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -16,6 +16,7 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.scheduler.datasets import Datasets
 from shoal.core.scheduler.events import Events
 from shoal.core.scheduler.introspection import Introspection
 from shoal.core.scheduler.membership import (
@@ -79,6 +80,7 @@ class SchedulerState(
     Scaling,
     ShuffleCoordinator,
     Walltime,
+    Datasets,
 ):
     def __init__(
         self,
@@ -105,6 +107,7 @@ class SchedulerState(
         self._init_progress()
         self._init_events()
         self._init_pins()
+        self._init_datasets()
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
         self._generation = itertools.count()
@@ -177,6 +180,8 @@ class SchedulerState(
             self._schedule_queued(stimulus_id)
             if self.nslotted and self.free_workers:  # those that gave way to root tasks
                 self._schedule_restricted(stimulus_id)
+        if self.fired_done:  # fire-and-forget keys now done: nobody holds them any more
+            self.release_fired(stimulus_id)
         if self.transition_counter != self._version_at:
             self._version_at = self.transition_counter
             self.version += 1
@@ -451,6 +456,9 @@ class SchedulerState(
         m.CancelKeys: _cancel_keys,
         m.WantKeys: _want_keys,
         m.ScatterDone: _scatter_done,
+        m.FireAndForget: Datasets._fire_and_forget,
+        m.PublishDataset: Datasets._publish_dataset,
+        m.DatasetRequest: Datasets._dataset_request,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,
@@ -734,6 +742,7 @@ class SchedulerState(
             note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
             for cs in ts.who_wants:
                 self.comm.send_client(cs.id, note)
+            self.note_done(ts)
         elif not ts.waiters:
             recs[ts] = "released"
         return recs
@@ -794,6 +803,7 @@ class SchedulerState(
         if self.shuffle_tasks:
             self._shuffle_task_erred(ts, stimulus_id)
         self._report_erred(ts, ts.who_wants, stimulus_id)
+        self.note_done(ts)
         blame = ts.exception_blame or ts
         recs: Recs = {}
         for dts in ts.dependents:

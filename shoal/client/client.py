@@ -38,6 +38,7 @@ from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
 from shoal.client.remote import RemoteMixin
+from shoal.client.restart import RestartMixin
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
@@ -85,6 +86,7 @@ class Client(
     DataLocationMixin,
     DatasetsMixin,
     RemoteMixin,
+    RestartMixin,
     PinsMixin,
     PluginsMixin,
 ):

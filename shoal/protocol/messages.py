@@ -932,6 +932,15 @@ class DatasetReply(Message):
     error: str = ""
 
 
+class RestartRequest(Message):
+    """Client -> scheduler (``client.restart``): cancel every client's futures and drop
+    datasets and fire-and-forget keys; answered with :class:`Ack` (the client then has
+    the workers restart through their nannies)."""
+
+    request_id: int
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -1001,6 +1010,7 @@ AnyMessage = (
     | PublishDataset
     | DatasetRequest
     | DatasetReply
+    | RestartRequest
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

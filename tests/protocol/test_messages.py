@@ -305,6 +305,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         request_id=28, name="ds", keys=["x-1"], data=b"\x80\x05.", override=True
     ),
     m.DatasetRequest: m.DatasetRequest(request_id=29, op="get", name="ds"),
+    m.RestartRequest: m.RestartRequest(request_id=30, stimulus_id="restart-1"),
     m.DatasetReply: m.DatasetReply(
         request_id=29, names=["ds"], keys=[("y", 0)], data=b"\x80\x05.", error="no dataset"
     ),

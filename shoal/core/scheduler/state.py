@@ -40,6 +40,7 @@ from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
 from shoal.core.scheduler.reports import WorkerReports
+from shoal.core.scheduler.restart import Restart
 from shoal.core.scheduler.scaling import Scaling
 from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.scheduler.walltime import Walltime
@@ -81,6 +82,7 @@ class SchedulerState(
     ShuffleCoordinator,
     Walltime,
     Datasets,
+    Restart,
 ):
     def __init__(
         self,
@@ -459,6 +461,7 @@ class SchedulerState(
         m.FireAndForget: Datasets._fire_and_forget,
         m.PublishDataset: Datasets._publish_dataset,
         m.DatasetRequest: Datasets._dataset_request,
+        m.RestartRequest: Restart._restart,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,

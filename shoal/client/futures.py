@@ -169,6 +169,11 @@ class Future:
         if it is running)."""
         self.client.cancel([self], force=force)
 
+    def retry(self) -> Any:
+        """Run this future's task again if it erred (and the erred tasks it failed
+        through); see :meth:`Client.retry`."""
+        return self.client.retry([self])
+
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` in a separate thread once this future is done."""
         client, st = self.client, self._state

@@ -40,6 +40,25 @@ class RestartMixin:
 
         async def _run_on_worker(self, address: str, call: bytes) -> m.RunReply: ...
 
+        def _send(self, msg: m.Message) -> None: ...
+
+    def retry(self, futures: Any) -> Any:
+        """Run the erred tasks of ``futures`` again, with the erred tasks they failed
+        through (e.g. after fixing what a task reads); the futures are pending again
+        until the new outcome. Futures not in error are left as they are."""
+        from shoal.client.progress import futures_of
+
+        erred = [f for f in futures_of(futures) if f.status == "error"]
+
+        async def retry() -> None:
+            if not erred:
+                return
+            for f in erred:
+                f._state.reset()
+            self._send(m.RetryKeys([f.key for f in erred], f"retry-{uuid.uuid4().hex[:8]}"))
+
+        return retry() if self.asynchronous else self._sync(retry())
+
     def restart(self, timeout: float | None = None, wait_for_workers: bool = True) -> Any:
         """Cancel every client's futures (they raise ``CancelledError``), drop published
         datasets and fire-and-forget tasks, and restart every worker process through

@@ -941,6 +941,14 @@ class RestartRequest(Message):
     stimulus_id: str = ""
 
 
+class RetryKeys(Message):
+    """Client -> scheduler (``Future.retry``, ``client.retry``): run these erred keys
+    again, and the erred dependencies they failed through."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -1011,6 +1019,7 @@ AnyMessage = (
     | DatasetRequest
     | DatasetReply
     | RestartRequest
+    | RetryKeys
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

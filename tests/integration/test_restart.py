@@ -47,3 +47,32 @@ def test_restart_without_nannies_is_refused_changing_nothing() -> None:
         with pytest.raises(RuntimeError, match="needs every worker under a nanny"):
             c.restart()
         assert f.result(timeout=10) == 3 and not f.cancelled()
+
+
+def read_number(path: str) -> int:
+    with open(path) as f:  # FileNotFoundError until the test writes it
+        return int(f.read())
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def test_retry_runs_erred_tasks_again_through_their_erred_dependencies(
+    client: Client, tmp_path: object
+) -> None:
+    path = os.path.join(str(tmp_path), "number")
+    source = client.submit(read_number, path, pure=False)
+    doubled = client.submit(double, source)
+    with pytest.raises(FileNotFoundError):
+        doubled.result(timeout=20)
+    assert source.status == "error"
+    with open(path, "w") as f:
+        f.write("21")
+    doubled.retry()  # re-runs source too: doubled failed through it
+    assert doubled.result(timeout=20) == 42
+    assert source.result(timeout=20) == 21
+    fine = client.submit(double, 1)
+    assert fine.result(timeout=10) == 2
+    client.retry([fine])  # not in error: left as it is
+    assert fine.status == "finished" and fine.result(timeout=10) == 2

@@ -462,6 +462,7 @@ class SchedulerState(
         m.PublishDataset: Datasets._publish_dataset,
         m.DatasetRequest: Datasets._dataset_request,
         m.RestartRequest: Restart._restart,
+        m.RetryKeys: Restart._retry_keys,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +27,8 @@ class DataLocationMixin:
         def _sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
 
         async def _info(self, start: int = 0, limit: int = -1) -> m.InfoReply: ...
+
+        def _send(self, msg: m.Message) -> None: ...
 
     async def _who_has(self, keys: list[Key]) -> dict[Key, list[str]]:
         conn = self._conn
@@ -62,6 +66,53 @@ class DataLocationMixin:
             return out
 
         return has_what() if self.asynchronous else self._sync(has_what())
+
+    def replicate(
+        self,
+        futures: Any,
+        n: int | None = None,
+        workers: str | Iterable[str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Have ``n`` workers (default: every one) among ``workers`` (addresses or
+        names; default: all) hold a copy of each future's result, as Dask's; waits until
+        they do (TimeoutError after ``timeout``, default 4 x the client's). The copies
+        come from the holders (the scheduler picks the emptiest targets) and count as
+        any replica: a later release frees them all."""
+        from shoal.client.progress import futures_of
+
+        if n is not None and n < 1:
+            raise ValueError(f"replicate needs n >= 1 (or None: every worker), not {n}")
+        fs = futures_of(futures)
+        keys = [f.key for f in fs]
+        names = sorted(_wanted(workers) or ())
+
+        async def replicate() -> None:
+            from shoal.client.futures import wait_states
+
+            await wait_states([f._state for f in fs])  # only results in memory are copied
+            infos = (await self._info()).workers
+            wanted = _wanted(workers)
+            targets = {w.address for w in infos if wanted is None or {w.address, w.name} & wanted}
+            if wanted is not None and not targets:
+                raise ValueError(f"no worker among {sorted(wanted)} is connected")
+            goal = len(targets) if n is None else min(n, len(targets))
+            sid = f"replicate-{uuid.uuid4().hex[:8]}"
+            self._send(m.ReplicateKeys(keys, -1 if n is None else n, names, sid))
+            limit = timeout if timeout is not None else 4 * self.timeout
+            try:
+                async with asyncio.timeout(limit):
+                    while True:
+                        held = await self._who_has(keys)
+                        if all(len(set(held.get(k, ())) & targets) >= goal for k in keys):
+                            return
+                        await asyncio.sleep(0.05)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"{len(keys)} keys did not reach {goal} replicas within {limit}s"
+                ) from None
+
+        return replicate() if self.asynchronous else self._sync(replicate())
 
     def nthreads(self, workers: str | Iterable[str] | None = None) -> Any:
         """``{worker address: number of threads}`` for every worker (or ``workers``,

@@ -949,6 +949,16 @@ class RetryKeys(Message):
     stimulus_id: str = ""
 
 
+class ReplicateKeys(Message):
+    """Client -> scheduler (``client.replicate``): have ``n`` workers (-1: all) among
+    ``workers`` (names or addresses; empty: all) hold each key in memory."""
+
+    keys: list[Key]
+    n: int = -1
+    workers: list[str] = []
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -1020,6 +1030,7 @@ AnyMessage = (
     | DatasetReply
     | RestartRequest
     | RetryKeys
+    | ReplicateKeys
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -159,3 +159,26 @@ def test_get_worker_inside_and_outside_a_task(client: Client) -> None:
     assert address in client.scheduler_info()["workers"] and nthreads == 1
     with pytest.raises(ValueError, match="inside a task"):
         get_worker()
+
+
+def test_replicate_copies_results_to_workers(client: Client) -> None:
+    info = client.scheduler_info()["workers"]
+    by_name = {w["name"]: a for a, w in info.items()}
+    futures = [client.submit(bytes, 1000 + i, workers=["0"]) for i in range(3)]
+    client.gather(futures)
+    assert {k: len(v) for k, v in client.who_has(futures).items()} == {f.key: 1 for f in futures}
+    client.replicate(futures)  # every worker, by default
+    assert all(sorted(v) == sorted(info) for v in client.who_has(futures).values())
+    # the copy is used: the only original holder's copy can be asked for elsewhere
+    only_1 = client.run(
+        lambda dask_worker, keys=[f.key for f in futures]: all(
+            k in dask_worker.state.data for k in keys
+        ),
+        workers=["1"],
+    )
+    assert only_1 == {by_name["1"]: True}
+    with pytest.raises(ValueError, match="n >= 1"):
+        client.replicate(futures, n=0)
+    one = client.submit(bytes, 5, workers=["1"])
+    client.replicate([one], n=1, workers=["0"])
+    assert by_name["0"] in client.who_has(one)[one.key]

@@ -307,6 +307,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.DatasetRequest: m.DatasetRequest(request_id=29, op="get", name="ds"),
     m.RestartRequest: m.RestartRequest(request_id=30, stimulus_id="restart-1"),
     m.RetryKeys: m.RetryKeys(["x-1", ("y", 0)], "retry-1"),
+    m.ReplicateKeys: m.ReplicateKeys(["x-1"], n=2, workers=["w-1"], stimulus_id="replicate-1"),
     m.DatasetReply: m.DatasetReply(
         request_id=29, names=["ds"], keys=[("y", 0)], data=b"\x80\x05.", error="no dataset"
     ),

@@ -39,6 +39,7 @@ from shoal.core.scheduler.model import (
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
+from shoal.core.scheduler.replication import Replication
 from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.restart import Restart
 from shoal.core.scheduler.scaling import Scaling
@@ -83,6 +84,7 @@ class SchedulerState(
     Walltime,
     Datasets,
     Restart,
+    Replication,
 ):
     def __init__(
         self,
@@ -463,6 +465,7 @@ class SchedulerState(
         m.DatasetRequest: Datasets._dataset_request,
         m.RestartRequest: Restart._restart,
         m.RetryKeys: Restart._retry_keys,
+        m.ReplicateKeys: Replication._replicate_keys,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,

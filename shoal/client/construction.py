@@ -9,11 +9,12 @@ LocalCluster's); ``Client(scheduler_file=path)`` connects to the address that
 
 from __future__ import annotations
 
+import contextlib
 import html
 import inspect
 import json
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shoal.protocol import messages as m
@@ -119,6 +120,44 @@ class ConstructionMixin:
             return result
 
         return self._sync(call(), callback_timeout)
+
+    @classmethod
+    def current(cls) -> Any:
+        """The default client (the newest that was made the default and is still
+        open), as Dask's; ValueError if there is none."""
+        from shoal.client import collections
+
+        with collections._default_lock:
+            if collections._defaults:
+                return collections._defaults[-1]
+        raise ValueError("no default client: create a Client first")
+
+    @contextlib.contextmanager
+    def as_current(self) -> Iterator[Any]:
+        """Make this client the default within the block (Dask collections computed
+        there use it), as Dask's."""
+        from shoal.client import collections
+
+        collections.set_default(self)  # type: ignore[arg-type]
+        try:
+            yield self
+        finally:
+            collections.unset_default(self)  # type: ignore[arg-type]
+
+    @staticmethod
+    def futures_of(obj: Any) -> list[Any]:
+        """The futures in ``obj`` (nested lists, dicts, Dask collections)."""
+        from shoal.client.progress import futures_of
+
+        return futures_of(obj)
+
+    def write_scheduler_file(self, scheduler_file: str | os.PathLike[str]) -> None:
+        """Write this client's scheduler address where ``Client(scheduler_file=)`` and
+        ``shoal worker --scheduler-file`` read it."""
+        if os.path.exists(scheduler_file):
+            raise FileExistsError(f"scheduler file {os.fspath(scheduler_file)!r} exists already")
+        with open(scheduler_file, "w") as f:
+            json.dump({"address": self.scheduler_address}, f)
 
     @property
     def dashboard_link(self) -> str | None:

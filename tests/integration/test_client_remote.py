@@ -182,3 +182,16 @@ def test_replicate_copies_results_to_workers(client: Client) -> None:
     one = client.submit(bytes, 5, workers=["1"])
     client.replicate([one], n=1, workers=["0"])
     assert by_name["0"] in client.who_has(one)[one.key]
+
+
+def mark_file(path: str) -> None:
+    Path(path).write_text("ran")
+
+
+def test_run_without_waiting(client: Client, tmp_path: Path) -> None:
+    path = tmp_path / "ran"
+    assert client.run(mark_file, str(path), wait=False, workers=["0"]) is None
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.read_text() == "ran"

@@ -5,11 +5,12 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 """
 
 from shoal.client.client import Client
+from shoal.client.datasets import fire_and_forget
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
 from shoal.client.plugins import PluginError
 from shoal.client.progress import progress
-from shoal.client.worker_client import get_client, rejoin, secede, worker_client
+from shoal.client.worker_client import get_client, get_worker, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.adaptive import Adaptive
 from shoal.deploy.local import LocalCluster
@@ -38,7 +39,9 @@ __all__ = [
     "WorkerPlugin",
     "__version__",
     "as_completed",
+    "fire_and_forget",
     "get_client",
+    "get_worker",
     "progress",
     "rejoin",
     "secede",

@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from shoal.client.loop import run
-from shoal.comm.tcp import HANDSHAKE_TIMEOUT
-from shoal.core.scheduler.membership import (
-    DEFAULT_ALLOWED_FAILURES,
-    DEFAULT_SCHEDULER_TIMEOUT,
-    DEFAULT_WORKER_TTL,
-)
-from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
+from shoal.config import ConfigDefault as cfg
+from shoal.config import fraction_text, optional_text
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
@@ -130,22 +125,31 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--port", default=8786, show_default=True, help="Port to listen on (0: any free).")
+@click.option(
+    "--host", default=cfg("scheduler.host"), show_default=True, help="Interface to listen on."
+)
+@click.option(
+    "--port",
+    default=cfg("scheduler.port"),
+    show_default=True,
+    help="Port to listen on (0: any free).",
+)
 @click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Write the address here.")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
 @click.option("--watch-pid", type=int, help="Exit when this process exits.")
-@click.option("--log-level", default="warning", show_default=True)
+@click.option("--log-level", default=cfg("scheduler.log-level"), show_default=True)
 @click.option("--quiet", is_flag=True, help="Do not print the address.")
 @click.option(
     "--allowed-failures",
-    default=DEFAULT_ALLOWED_FAILURES,
+    type=int,
+    default=cfg("scheduler.allowed-failures"),
     show_default=True,
     help="Worker deaths a task may be present at before it errs with KilledWorker.",
 )
 @click.option(
     "--worker-ttl",
-    default=DEFAULT_WORKER_TTL,
+    type=float,
+    default=cfg("scheduler.worker-ttl"),
     show_default=True,
     help="Seconds without a heartbeat before a worker is removed (at least 4 heartbeats).",
 )
@@ -159,7 +163,8 @@ def main() -> None:
 )
 @click.option(
     "--handshake-timeout",
-    default=HANDSHAKE_TIMEOUT,
+    type=float,
+    default=cfg("scheduler.handshake-timeout"),
     show_default=True,
     help="Seconds a new connection has to send a complete Hello before it is closed.",
 )
@@ -240,44 +245,56 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @main.command()
 @click.argument("address", required=False)
 @click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Read the address here.")
-@click.option("--nthreads", default=1, show_default=True, help="Threads that run tasks.")
+@click.option(
+    "--nthreads",
+    type=int,
+    default=cfg("worker.nthreads"),
+    show_default=True,
+    help="Threads that run tasks.",
+)
 @click.option("--name", default="", help="A name for this worker.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface for peers.")
-@click.option("--port", default=0, show_default=True, help="Port for peers (0: any free).")
+@click.option("--host", default=cfg("worker.host"), show_default=True, help="Interface for peers.")
+@click.option(
+    "--port",
+    type=int,
+    default=cfg("worker.port"),
+    show_default=True,
+    help="Port for peers (0: any free).",
+)
 @click.option(
     "--nanny/--no-nanny",
-    default=False,
+    default=cfg("worker.nanny"),
     show_default=True,
     help="Run the worker under a nanny process that restarts it when it dies.",
 )
 @click.option(
     "--memory-limit",
-    default="auto",
+    default=cfg("worker.memory.limit", str),
     show_default=True,
     help='Bytes ("4GiB", "200MB", "2e9"), a fraction of this machine ("0.5"), "auto" '
     '(the machine shared by threads) or "none".',
 )
 @click.option(
     "--memory-target-fraction",
-    default="0.6",
+    default=cfg("worker.memory.target", fraction_text),
     show_default=True,
     help='Results in memory past this much of the limit go to disk ("off": never).',
 )
 @click.option(
     "--memory-spill-fraction",
-    default="0.7",
+    default=cfg("worker.memory.spill", fraction_text),
     show_default=True,
     help="Process memory past this much of the limit: results go to disk.",
 )
 @click.option(
     "--memory-pause-fraction",
-    default="0.8",
+    default=cfg("worker.memory.pause", fraction_text),
     show_default=True,
     help="Process memory past this much of the limit: start no task until it falls.",
 )
 @click.option(
     "--memory-terminate-fraction",
-    default="0.95",
+    default=cfg("worker.memory.terminate", fraction_text),
     show_default=True,
     help="Process memory past this much of the limit: the nanny restarts the worker.",
 )
@@ -297,24 +314,30 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help='What tasks may ask for, e.g. "GPU=2,MEM=10e9" (Client.submit(resources=...)).',
 )
 @click.option(
-    "--timeout", default=60.0, show_default=True, help="Seconds to wait for the scheduler."
+    "--timeout",
+    type=float,
+    default=cfg("worker.timeout"),
+    show_default=True,
+    help="Seconds to wait for the scheduler.",
 )
 @click.option(
     "--scheduler-timeout",
-    default=DEFAULT_SCHEDULER_TIMEOUT,
+    type=float,
+    default=cfg("comm.timeouts.scheduler"),
     show_default=True,
     help="Seconds without an answer to a heartbeat before the scheduler counts as gone.",
 )
 @click.option(
     "--reconnect/--no-reconnect",
-    default=False,
+    default=cfg("worker.reconnect"),
     show_default=True,
     help="When the scheduler is gone, wait (up to --timeout) and join it again, "
     "empty, instead of exiting.",
 )
 @click.option(
     "--interrupt-grace",
-    default=DEFAULT_INTERRUPT_GRACE,
+    type=float,
+    default=cfg("worker.interrupt-grace"),
     show_default=True,
     help="Seconds a force-cancelled task has to stop once interrupted; then the worker "
     "restarts through its nanny.",
@@ -329,31 +352,31 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 )
 @click.option(
     "--lifetime",
-    default=None,
+    default=cfg("worker.lifetime", optional_text),
     help='Leave after this long ("55m", "4h", seconds), gracefully: no new task, running '
     "ones finish, results handed to other workers. The scheduler starts no task here "
     "that would not finish in time.",
 )
 @click.option(
     "--lifetime-stagger",
-    default="0",
+    default=cfg("worker.lifetime-stagger", str),
     show_default=True,
     help="Spread --lifetime by a random +-this much, so workers started together do not "
     "all leave at once.",
 )
 @click.option(
     "--lifetime-restart/--no-lifetime-restart",
-    default=False,
+    default=cfg("worker.lifetime-restart"),
     show_default=True,
     help="At the end of --lifetime or --max-tasks, have the nanny start a fresh worker "
     "under the same name (needs --nanny); else exit.",
 )
 @click.option(
     "--max-tasks",
-    default=None,
+    default=cfg("worker.max-tasks", optional_text),
     help="Run at most this many tasks, then leave as at the end of --lifetime.",
 )
-@click.option("--log-level", default="warning", show_default=True)
+@click.option("--log-level", default=cfg("worker.log-level"), show_default=True)
 @security_options
 def worker(
     address: str | None,

@@ -20,7 +20,9 @@ EXPECTED = [
     "WorkerPlugin",
     "__version__",
     "as_completed",
+    "fire_and_forget",
     "get_client",
+    "get_worker",
     "progress",
     "rejoin",
     "secede",
@@ -44,4 +46,5 @@ def test_no_accidental_public_modules():
     public = {n for n in vars(shoal) if not n.startswith("_")}
     modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli", "shuffle"}
     modules |= {"plugins", "jobqueue"}
+    modules |= {"config"}  # shoal.config: dask.config keys under shoal.*
     assert public - set(shoal.__all__) <= modules

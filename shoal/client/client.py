@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,18 +25,27 @@ from typing import Any, TypeVar
 
 from shoal.client import collections
 from shoal.client.cluster_info import ClusterInfo
+from shoal.client.construction import (
+    ConstructionMixin,
+    address_from_scheduler_file,
+    check_cluster_kwargs,
+)
 from shoal.client.dask_graph import GraphEncoder
+from shoal.client.data_location import DataLocationMixin
+from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
+from shoal.client.remote import RemoteMixin
+from shoal.client.restart import RestartMixin
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect
-from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
+from shoal.config import CONFIGURED, resolve
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import Key, check_key
@@ -51,14 +61,39 @@ from shoal.protocol.serialize import (
 logger = logging.getLogger("shoal.client")
 _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
-    *(m.PinReply, m.EventsReply),
+    *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply, m.DatasetReply),
 )
 T = TypeVar("T")
+# Clients of this process that may be connected: closed at exit before the clusters
+# (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
+_live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-class Client(ClusterInfo, PinsMixin, PluginsMixin):
-    """Connect to a scheduler (an address, a cluster object, or a new ``LocalCluster``
-    when none is given) and submit work to it.
+def close_live_clients() -> None:
+    for client in list(_live_clients):
+        try:
+            if client.asynchronous:
+                client._abandon()
+            else:
+                client.close()
+        except Exception:  # at exit: one client's failure must not keep others open
+            logger.debug("closing %r at exit failed", client, exc_info=True)
+
+
+class Client(
+    ConstructionMixin,
+    ClusterInfo,
+    DataLocationMixin,
+    DatasetsMixin,
+    RemoteMixin,
+    RestartMixin,
+    PinsMixin,
+    PluginsMixin,
+):
+    """Connect to a scheduler (an address, a cluster object, the address in
+    ``scheduler_file``, or a new ``LocalCluster`` when none is given, started with
+    ``cluster_kwargs`` such as ``n_workers``, ``threads_per_worker``, ``processes``,
+    ``memory_limit``) and submit work to it.
 
     ``security`` (token, TLS): by default the cluster object's, else that of a
     ``LocalCluster`` of this process at that address, else from the environment
@@ -69,15 +104,26 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
         address: Any = None,
         *,
         asynchronous: bool = False,
-        timeout: float = 30.0,
+        timeout: float = CONFIGURED,
         name: str = "",
         set_as_default: bool = True,
-        scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
+        scheduler_timeout: float = CONFIGURED,
         subscribe: bool = True,
         security: Security | None = None,
+        scheduler_file: str | os.PathLike[str] | None = None,
+        **cluster_kwargs: Any,
     ):
+        if scheduler_file is not None:
+            if address is not None:
+                raise TypeError("Client takes an address or a scheduler_file, not both")
+            address = address_from_scheduler_file(scheduler_file)
+        check_cluster_kwargs(address, cluster_kwargs)
+        self._cluster_kwargs = cluster_kwargs
         self.asynchronous = asynchronous
         self.security = security
+        # Left out: from the config (shoal.comm.timeouts.*, or distributed.comm.timeouts.*)
+        timeout = resolve(timeout, "comm.timeouts.connect")
+        scheduler_timeout = resolve(scheduler_timeout, "comm.timeouts.scheduler")
         self.timeout = timeout
         # Seconds without an answer to a heartbeat before the scheduler counts as gone
         # (a frozen or unreachable scheduler closes no connection for us).
@@ -147,7 +193,9 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
         if address is None:
             from shoal.deploy.local import LocalCluster
 
-            self.cluster = await asyncio.to_thread(LocalCluster)
+            self.cluster = await asyncio.to_thread(
+                functools.partial(LocalCluster, **self._cluster_kwargs)
+            )
             self._own_cluster = True
             address = self.cluster.scheduler_address
         elif not isinstance(address, str):
@@ -173,6 +221,9 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
             keep_alive(self._conn, m.Heartbeat, self.scheduler_timeout, interval=2.0)
         )
         self.status = "running"
+        _live_clients.add(self)
+        if self._subscribed:
+            await self._info(0, 0)  # a fresh summary, for the repr (pushes may be older)
         if self._set_as_default and not self.asynchronous:
             # Dask calls its scheduler synchronously: an asynchronous client's get
             # returns an awaitable, so it is never made the default.
@@ -208,6 +259,7 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
             return
         self._closed = True
         self.status = "closed"
+        _live_clients.discard(self)
         if self._heartbeats is not None:
             self._heartbeats.cancel()
         collections.unset_default(self)
@@ -230,6 +282,12 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
             if self._own_cluster:
                 await asyncio.to_thread(self._close_own_cluster)
 
+    def _abandon(self) -> None:
+        """At exit, an asynchronous client still open: its loop may be gone, so only
+        mark it closed (its connection dies with the process; nothing to report)."""
+        self._closed = True
+        self.status = "closed"
+
     def _close_own_cluster(self) -> None:
         if self._own_cluster and self.cluster is not None:
             self.cluster.close()
@@ -246,11 +304,6 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self._close_async()
-
-    def __repr__(self) -> str:
-        return (
-            f"<Client {self.id or '?'} scheduler={self.scheduler_address!r} status={self.status}>"
-        )
 
     def _scheduler_lost(self, conn: Connection, exc: BaseException | None) -> None:
         if self.status == "closed":
@@ -616,6 +669,13 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
             self._send(msg)
             return None
         return self._sync(cancel())
+
+    def get_executor(self, **kwargs: Any) -> Any:
+        """A ``concurrent.futures.Executor`` running on this client's cluster;
+        ``kwargs`` go to every ``submit`` (e.g. ``workers``, ``retries``)."""
+        from shoal.client.executor import ClientExecutor
+
+        return ClientExecutor(self, **kwargs)
 
     # ---------------------------------------------------------------- gathering
 

@@ -169,6 +169,11 @@ class Future:
         if it is running)."""
         self.client.cancel([self], force=force)
 
+    def retry(self) -> Any:
+        """Run this future's task again if it erred (and the erred tasks it failed
+        through); see :meth:`Client.retry`."""
+        return self.client.retry([self])
+
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` in a separate thread once this future is done."""
         client, st = self.client, self._state
@@ -328,6 +333,33 @@ class as_completed:
         if future.status == "error" and not self.raise_errors:
             return future, future._state.exception
         return future, future.result()
+
+    def next_batch(self, block: bool = True) -> list[Any]:
+        """Every future (or pair) that has finished and not been yielded yet; with
+        ``block``, wait for at least one (an empty list when none are left)."""
+        batch: list[Future] = []
+        if block:
+            with self._lock:
+                if self._count == 0:
+                    return []
+                self._count -= 1
+            batch.append(self._queue.get())
+        while True:
+            with self._lock:
+                if self._count == 0 or self._queue.empty():
+                    break
+                self._count -= 1
+                batch.append(self._queue.get_nowait())
+        return [self._item(f) for f in batch]
+
+    def batches(self) -> Iterator[list[Any]]:
+        """Iterate over lists of futures (or pairs) as they finish: each list holds
+        all that finished since the last one, at least one."""
+        while True:
+            batch = self.next_batch(block=True)
+            if not batch:
+                return
+            yield batch
 
     def __aiter__(self) -> as_completed:
         return self

@@ -32,6 +32,12 @@ def get_client() -> Client:
     raise ValueError("get_client() outside a task needs a default client: create a Client first")
 
 
+def get_worker() -> Any:
+    """The :class:`~shoal.server.worker.Worker` running the current task (``address``,
+    ``name``, ``nthreads``, ``local_directory``, ...); ValueError outside a task."""
+    return _worker_of("get_worker")
+
+
 def secede() -> None:
     """Leave the worker's thread count while this task waits on others; another task
     may start meanwhile. Only inside a task; a second call does nothing."""

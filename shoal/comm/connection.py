@@ -57,6 +57,8 @@ _REPLIES = (
     m.EventsReply,
     m.ScaleReply,
     m.PluginReply,
+    m.RunReply,
+    m.DatasetReply,
 )
 
 

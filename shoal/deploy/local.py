@@ -38,15 +38,15 @@ import psutil
 
 from shoal.client.loop import LoopRunner, run
 from shoal.comm.security import Security, generate_token
-from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
-from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
+from shoal.config import CONFIGURED, resolve
+from shoal.deploy.cluster_view import ClusterViewMixin
 from shoal.deploy.elastic import ElasticCluster
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
 
 
-class LocalCluster(ElasticCluster):
+class LocalCluster(ClusterViewMixin, ElasticCluster):
     def __init__(
         self,
         n_workers: int | None = None,
@@ -59,21 +59,31 @@ class LocalCluster(ElasticCluster):
         security: Security | None = None,
         token: str | bool | None = None,
         nanny: bool = True,
-        memory_limit: str | float | None = "auto",
-        memory_target_fraction: float | None = 0.6,
-        memory_spill_fraction: float | None = 0.7,
-        memory_pause_fraction: float | None = 0.8,
-        memory_terminate_fraction: float | None = 0.95,
+        memory_limit: str | float | None = CONFIGURED,
+        memory_target_fraction: float | None = CONFIGURED,
+        memory_spill_fraction: float | None = CONFIGURED,
+        memory_pause_fraction: float | None = CONFIGURED,
+        memory_terminate_fraction: float | None = CONFIGURED,
         local_directory: str | None = None,
-        allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
-        worker_ttl: float = DEFAULT_WORKER_TTL,
-        interrupt_grace: float = DEFAULT_INTERRUPT_GRACE,
+        allowed_failures: int = CONFIGURED,
+        worker_ttl: float = CONFIGURED,
+        interrupt_grace: float = CONFIGURED,
         lifetime: str | float | None = None,
         lifetime_stagger: str | float = 0,
         lifetime_restart: bool | None = None,
         max_tasks: int | None = None,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
+
+        # Left out: from the config (shoal.*, or the distributed.* equivalent).
+        memory_limit = resolve(memory_limit, "worker.memory.limit")
+        memory_target_fraction = resolve(memory_target_fraction, "worker.memory.target")
+        memory_spill_fraction = resolve(memory_spill_fraction, "worker.memory.spill")
+        memory_pause_fraction = resolve(memory_pause_fraction, "worker.memory.pause")
+        memory_terminate_fraction = resolve(memory_terminate_fraction, "worker.memory.terminate")
+        allowed_failures = resolve(allowed_failures, "scheduler.allowed-failures")
+        worker_ttl = resolve(worker_ttl, "scheduler.worker-ttl")
+        interrupt_grace = resolve(interrupt_grace, "worker.interrupt-grace")
 
         ncores = os.cpu_count() or 1
         if n_workers is None:
@@ -389,12 +399,6 @@ class LocalCluster(ElasticCluster):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return (
-            f"LocalCluster({self.scheduler_address!r}, workers={self.n_workers}, "
-            f"threads_per_worker={self.threads_per_worker}, processes={self.processes})"
-        )
-
 
 class _Walltime:
     """LocalCluster's lifetime and task budget options, checked, for its workers."""
@@ -512,6 +516,9 @@ def _in_thread(fn: Any) -> Any:
 
 @atexit.register
 def _close_all() -> None:
+    clients = sys.modules.get("shoal.client.client")
+    if clients is not None:  # clients first: their cluster closing is no lost scheduler
+        clients.close_live_clients()
     for cluster in list(_live):
         with contextlib.suppress(Exception):
             cluster.close(timeout=3)

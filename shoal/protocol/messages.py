@@ -36,7 +36,7 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -71,9 +71,7 @@ def key_problem(key: object) -> str | None:
 
 
 _NAN_KEY = "NaN is not equal to itself, so no lookup could ever find the task"
-_KEY_TYPES = (
-    "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
-)
+_KEY_TYPES = "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
 
 
 def _tuple_key_problem(key: tuple, depth: int) -> str | None:
@@ -878,6 +876,92 @@ class LogEvent(Message):
     stimulus_id: str = ""
 
 
+class RunFunction(Message):
+    """Client -> worker (``client.run``) or scheduler (``client.run_on_scheduler``):
+    call a function there, outside the task graph. The scheduler unpickles it only
+    from a client that proved the cluster token (as it does plugins)."""
+
+    request_id: int
+    call: bytes  # cloudpickled (function, args, kwargs)
+
+
+class RunReply(Message):
+    """The answer to :class:`RunFunction`: ``status`` "OK" (``result`` is the pickled
+    return value) or "error" (``result`` the pickled exception, ``error`` its text);
+    ``error_type`` "PermissionError" when the request was refused as a whole."""
+
+    request_id: int
+    status: str
+    result: bytes = b""
+    error: str = ""
+    error_type: str = ""
+
+
+class FireAndForget(Message):
+    """Client -> scheduler: compute these keys even if every client releases them; the
+    scheduler lets them go once each is done (``shoal.fire_and_forget``)."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class PublishDataset(Message):
+    """Client -> scheduler: keep ``keys`` under ``name`` with ``data`` (the published
+    object, pickled with its futures as references to ``keys``)."""
+
+    request_id: int
+    name: str
+    keys: list[Key]
+    data: bytes
+    override: bool = False
+
+
+class DatasetRequest(Message):
+    """Client -> scheduler: ``op`` "get", "unpublish" (the dataset ``name``) or "list"."""
+
+    request_id: int
+    op: str
+    name: str = ""
+
+
+class DatasetReply(Message):
+    """The answer to :class:`PublishDataset` / :class:`DatasetRequest`; ``error`` when
+    refused (no such dataset, a name already taken)."""
+
+    request_id: int
+    names: list[str] = []
+    keys: list[Key] = []
+    data: bytes = b""
+    error: str = ""
+
+
+class RestartRequest(Message):
+    """Client -> scheduler (``client.restart``): cancel every client's futures and drop
+    datasets and fire-and-forget keys; answered with :class:`Ack` (the client then has
+    the workers restart through their nannies)."""
+
+    request_id: int
+    stimulus_id: str = ""
+
+
+class RetryKeys(Message):
+    """Client -> scheduler (``Future.retry``, ``client.retry``): run these erred keys
+    again, and the erred dependencies they failed through."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class ReplicateKeys(Message):
+    """Client -> scheduler (``client.replicate``): have ``n`` workers (-1: all) among
+    ``workers`` (names or addresses; empty: all) hold each key in memory."""
+
+    keys: list[Key]
+    n: int = -1
+    workers: list[str] = []
+    stimulus_id: str = ""
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -941,6 +1025,15 @@ AnyMessage = (
     | UnregisterPlugin
     | PluginReply
     | LogEvent
+    | RunFunction
+    | RunReply
+    | FireAndForget
+    | PublishDataset
+    | DatasetRequest
+    | DatasetReply
+    | RestartRequest
+    | RetryKeys
+    | ReplicateKeys
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -27,6 +27,7 @@ from shoal.core.scheduler.state import SchedulerState
 from shoal.plugins.scheduler import SchedulerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
+from shoal.server import remote_run
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -263,6 +264,12 @@ class Scheduler:
                         self._client_batch(client_id, batch)
                         batch = []
                     self.plugins.on_request(conn, msg)
+                elif type(msg) is m.RunFunction:  # run_on_scheduler: a token holder's only
+                    if batch:
+                        self._client_batch(client_id, batch)
+                        batch = []
+                    allowed = bool(self.security.token)
+                    remote_run.answer(conn, msg, "dask_scheduler", self, allowed)
                 else:
                     batch.append(msg)
             if batch:

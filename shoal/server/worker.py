@@ -68,6 +68,7 @@ from shoal.protocol.serialize import (
     loads_values,
     sizeof,
 )
+from shoal.server import remote_run
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
@@ -770,6 +771,8 @@ class Worker:
                 self._receive_data(conn, msg, bufs)
             elif type(msg) is m.ShuffleData:
                 self.shuffle.receive(conn, msg, bufs)
+            elif type(msg) is m.RunFunction:  # client.run
+                remote_run.answer(conn, msg, "dask_worker", self)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

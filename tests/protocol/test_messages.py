@@ -157,7 +157,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         run_id=2,
     ),
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
-    m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]),
+    m.MissingData: m.MissingData(
+        key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]
+    ),
     m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
     m.DataReply: m.DataReply(
         request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)], failed=[("c", "why")]
@@ -290,6 +292,25 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         error_type="ValueError",
     ),
     m.LogEvent: m.LogEvent("plugins", {"plugin": "budget", "hook": "setup"}, "plugin-1"),
+    m.RunFunction: m.RunFunction(request_id=27, call=b"\x80\x05."),
+    m.RunReply: m.RunReply(
+        request_id=27,
+        status="error",
+        result=b"\x80\x05.",
+        error="ZeroDivisionError: division by zero",
+        error_type="PermissionError",
+    ),
+    m.FireAndForget: m.FireAndForget(["x-1", ("y", 0)], "fire-1"),
+    m.PublishDataset: m.PublishDataset(
+        request_id=28, name="ds", keys=["x-1"], data=b"\x80\x05.", override=True
+    ),
+    m.DatasetRequest: m.DatasetRequest(request_id=29, op="get", name="ds"),
+    m.RestartRequest: m.RestartRequest(request_id=30, stimulus_id="restart-1"),
+    m.RetryKeys: m.RetryKeys(["x-1", ("y", 0)], "retry-1"),
+    m.ReplicateKeys: m.ReplicateKeys(["x-1"], n=2, workers=["w-1"], stimulus_id="replicate-1"),
+    m.DatasetReply: m.DatasetReply(
+        request_id=29, names=["ds"], keys=[("y", 0)], data=b"\x80\x05.", error="no dataset"
+    ),
 }
 
 
@@ -438,9 +459,7 @@ def test_invalid_key_is_refused(bad_key):
         m.check_key(tuple(bad_key) if isinstance(bad_key, list) else bad_key)
 
 
-@pytest.mark.parametrize(
-    "key", [math.nan, ("x", math.nan), ("x", 1, ("y", (math.nan,)))], ids=repr
-)
+@pytest.mark.parametrize("key", [math.nan, ("x", math.nan), ("x", 1, ("y", (math.nan,)))], ids=repr)
 def test_nan_keys_are_refused(key):
     """NaN never equals itself: a task under such a key could never be found again (it
     held a thread forever). Refused when building a task, and when decoding one."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.scheduler.datasets import Datasets
 from shoal.core.scheduler.events import Events
 from shoal.core.scheduler.introspection import Introspection
 from shoal.core.scheduler.membership import (
@@ -38,7 +39,9 @@ from shoal.core.scheduler.model import (
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
+from shoal.core.scheduler.replication import Replication
 from shoal.core.scheduler.reports import WorkerReports
+from shoal.core.scheduler.restart import Restart
 from shoal.core.scheduler.scaling import Scaling
 from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.scheduler.walltime import Walltime
@@ -79,6 +82,9 @@ class SchedulerState(
     Scaling,
     ShuffleCoordinator,
     Walltime,
+    Datasets,
+    Restart,
+    Replication,
 ):
     def __init__(
         self,
@@ -105,6 +111,7 @@ class SchedulerState(
         self._init_progress()
         self._init_events()
         self._init_pins()
+        self._init_datasets()
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
         self._generation = itertools.count()
@@ -177,6 +184,8 @@ class SchedulerState(
             self._schedule_queued(stimulus_id)
             if self.nslotted and self.free_workers:  # those that gave way to root tasks
                 self._schedule_restricted(stimulus_id)
+        if self.fired_done:  # fire-and-forget keys now done: nobody holds them any more
+            self.release_fired(stimulus_id)
         if self.transition_counter != self._version_at:
             self._version_at = self.transition_counter
             self.version += 1
@@ -451,6 +460,12 @@ class SchedulerState(
         m.CancelKeys: _cancel_keys,
         m.WantKeys: _want_keys,
         m.ScatterDone: _scatter_done,
+        m.FireAndForget: Datasets._fire_and_forget,
+        m.PublishDataset: Datasets._publish_dataset,
+        m.DatasetRequest: Datasets._dataset_request,
+        m.RestartRequest: Restart._restart,
+        m.RetryKeys: Restart._retry_keys,
+        m.ReplicateKeys: Replication._replicate_keys,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,
@@ -734,6 +749,7 @@ class SchedulerState(
             note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
             for cs in ts.who_wants:
                 self.comm.send_client(cs.id, note)
+            self.note_done(ts)
         elif not ts.waiters:
             recs[ts] = "released"
         return recs
@@ -794,6 +810,7 @@ class SchedulerState(
         if self.shuffle_tasks:
             self._shuffle_task_erred(ts, stimulus_id)
         self._report_erred(ts, ts.who_wants, stimulus_id)
+        self.note_done(ts)
         blame = ts.exception_blame or ts
         recs: Recs = {}
         for dts in ts.dependents:

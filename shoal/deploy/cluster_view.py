@@ -1,0 +1,76 @@
+"""What a LocalCluster shows of itself as Dask's does: ``workers``, ``scheduler``,
+``dashboard_link``, and its repr (text and Jupyter HTML). A mixin of
+:class:`~shoal.deploy.local.LocalCluster`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shoal.client.construction import format_bytes, html_table
+
+
+class ClusterViewMixin:
+    scheduler_address: str
+    processes: bool
+    threads_per_worker: int
+    memory_limit: int | None
+    status: str
+    _scheduler: Any
+    _by_name: dict[str, Any]
+
+    if TYPE_CHECKING:
+
+        def _worker_names(self) -> list[str]: ...
+
+    @property
+    def workers(self) -> dict[str, Any]:
+        """This cluster's workers by name, joined or starting: the ``Worker`` objects
+        (``processes=False``) or the worker (nanny) processes as ``subprocess.Popen``."""
+        names = self._worker_names()
+        return {name: self._by_name[name] for name in names}
+
+    @property
+    def scheduler(self) -> Any:
+        """The :class:`~shoal.server.scheduler.Scheduler` object when it runs in this
+        process (``processes=False``). With ``processes=True`` the scheduler is its own
+        process (unlike Dask's): there is no object here to give, so this raises."""
+        if self._scheduler is None:
+            raise AttributeError(
+                "this LocalCluster's scheduler runs in its own process (processes=True): "
+                "use cluster.scheduler_address, or client.scheduler_info() / "
+                "client.run_on_scheduler(func) to reach it"
+            )
+        return self._scheduler
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's address. Hook for the dashboard issue: None while shoal has
+        no dashboard (then the reprs show no link)."""
+        return None
+
+    def _totals(self) -> tuple[int, int, int | None]:
+        n = len(self._worker_names()) if self.status == "running" else 0
+        memory = None if self.memory_limit is None else n * self.memory_limit
+        return n, n * self.threads_per_worker, memory
+
+    def __repr__(self) -> str:
+        workers, threads, memory = self._totals()
+        return (
+            f"LocalCluster({self.scheduler_address!r}, workers={workers}, threads={threads}, "
+            f"memory={format_bytes(memory)}, processes={self.processes}, status={self.status})"
+        )
+
+    def _repr_html_(self) -> str:
+        workers, threads, memory = self._totals()
+        rows = [
+            ("Scheduler", self.scheduler_address),
+            ("Status", self.status),
+            ("Workers", str(workers)),
+            ("Threads", str(threads)),
+            ("Memory", format_bytes(memory)),
+            ("Processes", str(self.processes)),
+        ]
+        link = self.dashboard_link
+        if link is not None:
+            rows.append(("Dashboard", link))
+        return html_table("LocalCluster", rows)

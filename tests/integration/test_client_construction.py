@@ -1,0 +1,122 @@
+"""Client and cluster construction as in Dask: LocalCluster keywords on the Client,
+``scheduler_file``, ``Client.sync``, ``cluster.workers``/``.scheduler``/``.scale``, the
+reprs, and a normal exit that prints nothing alarming."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import child_env
+
+from shoal import Client, LocalCluster
+
+
+def test_client_starts_a_local_cluster_with_dask_keywords() -> None:
+    with Client(
+        n_workers=2, threads_per_worker=1, processes=False, memory_limit="1GB", timeout=30
+    ) as c:
+        assert isinstance(c.cluster, LocalCluster)
+        assert c.cluster.processes is False
+        info = c.scheduler_info()
+        assert len(info["workers"]) == 2
+        assert {w["nthreads"] for w in info["workers"].values()} == {1}
+        assert {w["memory_limit"] for w in info["workers"].values()} == {10**9}
+        assert c.submit(sum, [1, 2, 3]).result(timeout=10) == 6
+        assert sorted(c.cluster.workers) == ["0", "1"]
+        # in process, the scheduler object is reachable, as in Dask
+        assert c.cluster.scheduler.address == c.scheduler_address
+        c.cluster.scale(3)
+        c.wait_for_workers(3, timeout=20)
+        assert len(c.cluster.workers) == 3
+        cluster = c.cluster
+    assert cluster.status == "closed"  # the client's own cluster closes with it
+
+
+def test_client_rejects_unknown_and_misplaced_cluster_keywords(
+    inproc_cluster: LocalCluster,
+) -> None:
+    with pytest.raises(TypeError, match="n_wokers"):
+        Client(n_wokers=2)
+    with pytest.raises(TypeError, match="only apply when the Client starts its own cluster"):
+        Client(inproc_cluster.scheduler_address, n_workers=2)
+
+
+def test_client_from_scheduler_file(inproc_cluster: LocalCluster, tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.json"
+    inproc_cluster.scheduler.write_scheduler_file(path)
+    with Client(scheduler_file=str(path), timeout=30) as c:
+        assert c.scheduler_address == inproc_cluster.scheduler_address
+        assert c.submit(len, "abc").result(timeout=10) == 3
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Client(scheduler_file=str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text(json.dumps({"id": "x"}))
+    with pytest.raises(ValueError, match="names no scheduler address"):
+        Client(scheduler_file=str(tmp_path / "bad.json"))
+
+
+def test_sync_runs_coroutine_functions_on_the_loop(inproc_cluster: LocalCluster) -> None:
+    with Client(inproc_cluster, timeout=30) as c:
+
+        async def add(a: int, b: int = 0) -> int:
+            return a + b
+
+        assert c.sync(add, 1, b=2) == 3
+        assert c.sync(lambda: 5) == 5
+        fut = c.submit(pow, 2, 10)
+        assert c.sync(c._gather_async, [fut]) == [1024]
+
+
+def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None:
+    with Client(inproc_cluster, timeout=30) as c:
+        text = repr(c)
+        assert inproc_cluster.scheduler_address in text
+        assert "workers=2, threads=2" in text
+        limit = inproc_cluster.memory_limit
+        assert limit is not None
+        html = c._repr_html_()
+        assert "<table>" in html and inproc_cluster.scheduler_address in html
+        assert "Workers</th><td style='text-align: left'>2<" in html
+        assert c.dashboard_link is None and "Dashboard" not in html  # no dashboard yet
+        ctext = repr(inproc_cluster)
+        assert "workers=2, threads=2" in ctext and "status=running" in ctext
+        assert "Threads</th><td style='text-align: left'>2<" in inproc_cluster._repr_html_()
+    assert "status=closed" in repr(c)
+
+
+def test_processes_cluster_has_no_scheduler_object(cluster: LocalCluster) -> None:
+    with pytest.raises(AttributeError, match="runs in its own process"):
+        _ = cluster.scheduler
+    assert len(cluster.workers) == 2
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    from shoal import Client
+    c = Client(n_workers=1, threads_per_worker=1, processes={processes})
+    print("result", c.submit(sum, [20, 22]).result(timeout=30))
+    {ending}
+    """
+)
+
+
+@pytest.mark.parametrize("processes", [True, False])
+@pytest.mark.parametrize("ending", ["c.close()", "pass  # left to the exit"])
+def test_a_normal_exit_is_silent(processes: bool, ending: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(processes=processes, ending=ending)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "result 42" in out.stdout
+    assert "lost the scheduler" not in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr

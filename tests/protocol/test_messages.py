@@ -265,6 +265,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         wait_count=2,
         default_task_duration=0.1,
         threads_per_worker=2,
+        replace_ahead=12.5,
     ),
     m.ScaleReply: m.ScaleReply(
         request_id=24,

@@ -36,7 +36,8 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
-PROTOCOL_VERSION = 10
+# 11: work stealing (StealRequest, StealReply).
+PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -466,6 +467,15 @@ class ReleaseCompute(Message):
     stimulus_id: str = ""
 
 
+class StealRequest(Message):
+    """Scheduler -> worker: give back ``key`` (its assignment ``run_id``) if it has not
+    started, to run it on an idle worker. Answered by :class:`StealReply`."""
+
+    key: Key
+    run_id: int
+    stimulus_id: str = ""
+
+
 # --- worker -> scheduler ---------------------------------------------------------
 
 
@@ -493,6 +503,17 @@ class ComputeReleased(Message):
     of ``key`` holds none of this worker's threads any more."""
 
     key: Key
+    stimulus_id: str = ""
+
+
+class StealReply(Message):
+    """Worker -> scheduler: the answer to a StealRequest. ``ok``: the task had not
+    started and was dropped here (it will not run here); else "too late": it runs, or
+    ran, here and its result is reported as usual."""
+
+    key: Key
+    run_id: int
+    ok: bool
     stimulus_id: str = ""
 
 
@@ -897,6 +918,8 @@ AnyMessage = (
     | FreeKeys
     | ReleaseCompute
     | ComputeReleased
+    | StealRequest
+    | StealReply
     | TaskFinished
     | TaskSeceded
     | TaskErred

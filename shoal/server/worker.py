@@ -101,7 +101,8 @@ def current_task() -> tuple[Worker, Any] | None:
     return None if worker is None else (worker, _current.key)
 
 
-_SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys)
+_SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys, m.StealRequest)
+_TAKE_BACK = (m.FreeKeys, m.ReleaseCompute, m.ComputeTask)  # these drop a deferred ComputeTask
 
 
 def _interrupted(key: Any, e: TaskInterrupted, start: float) -> ExecuteFailure:
@@ -405,7 +406,7 @@ class Worker:
                     events = []
                 self._compute_shuffle_task(msg)
             elif type(msg) in _SCHEDULER_EVENTS:
-                if self._deferred and type(msg) is not m.CopyKeys:
+                if self._deferred and type(msg) in _TAKE_BACK:
                     self._undefer(msg)
                 events.append(msg)
             elif type(msg) is m.ShuffleRestart:

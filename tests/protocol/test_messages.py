@@ -135,6 +135,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
     m.ReleaseCompute: m.ReleaseCompute("a", False, True, stimulus_id="cancel-1"),
     m.ComputeReleased: m.ComputeReleased(("b", 1), stimulus_id="thread-ended-1"),
+    m.StealRequest: m.StealRequest(("c", 2), 3, stimulus_id="balance-1"),
+    m.StealReply: m.StealReply(("c", 2), 3, False, stimulus_id="steal-1"),
     m.TaskFinished: m.TaskFinished(
         key=("inc", 1),
         nbytes=28,

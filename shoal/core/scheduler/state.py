@@ -40,6 +40,7 @@ from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
 from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.scaling import Scaling
+from shoal.core.scheduler.stealing import Stealing
 from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.scheduler.walltime import Walltime
 from shoal.core.story import InvalidTransition, StoryLog
@@ -79,6 +80,7 @@ class SchedulerState(
     Scaling,
     ShuffleCoordinator,
     Walltime,
+    Stealing,
 ):
     def __init__(
         self,
@@ -86,6 +88,7 @@ class SchedulerState(
         validate: bool = False,
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
+        stealing: bool = True,
     ):
         self.comm = comm
         self.validate = validate
@@ -107,6 +110,7 @@ class SchedulerState(
         self._init_pins()
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
+        self._init_stealing(stealing)
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -466,6 +470,7 @@ class SchedulerState(
         **WorkerReports._worker_handlers,
         m.ShuffleStats: ShuffleCoordinator._shuffle_stats,
         m.LogEvent: Events._worker_log_event,
+        m.StealReply: Stealing._steal_reply,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:

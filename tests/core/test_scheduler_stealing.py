@@ -104,13 +104,20 @@ def test_a_task_whose_data_costs_more_to_move_than_to_wait_is_not_stolen():
 
 
 def test_measured_durations_decide():
+    """A move pays when the task would start sooner elsewhere: its transfer takes less
+    than the tasks ahead of it on its worker."""
     sim = crowded(nbytes=20 * 10**6)  # 0.2 s to move
-    # t-* measured at 0.1 s: moving costs more than half of that
     prefix = sim.ts("t-0").prefix
-    prefix.add_duration(0.1)
+    prefix.add_duration(0.05)  # the last of four waits 3 x 0.05 s: less than the move
     assert sim.s.balance() == 0
-    prefix.add_duration(3.9)  # now 2 s on average: worth the move
+    prefix.add_duration(3.95)  # now 2 s on average: worth the move
     assert sim.s.balance() == 1
+
+
+def test_tiny_tasks_stay():
+    sim = crowded()
+    sim.ts("t-0").prefix.add_duration(0.001)
+    assert sim.s.balance() == 0
 
 
 def test_strict_restrictions_stay_loose_ones_move():

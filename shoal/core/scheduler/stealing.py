@@ -5,9 +5,12 @@ A task placed by data locality (or on a loosely restricted worker) may wait behi
 others on its worker while another worker has idle threads. :meth:`balance`, called
 periodically by the server (never per task: it costs nothing while every worker is
 busy), asks the busy worker (the *victim*) to give such a task back
-(:class:`~shoal.protocol.messages.StealRequest`), if moving it is cheap: the bytes of its
-dependencies the idle worker (the *thief*) lacks, at the assumed bandwidth, must take at
-most :data:`STEAL_COST_RATIO` of the task's expected duration (its prefix's mean).
+(:class:`~shoal.protocol.messages.StealRequest`), if it would start sooner on the idle
+worker (the *thief*): moving it costs the bytes of its dependencies the thief lacks, at
+the assumed bandwidth (plus :data:`STEAL_LATENCY`), which must be less than the time it
+would wait on the victim (the tasks ahead of it there, at its prefix's measured mean
+duration, per thread) and at most :data:`STEAL_COST_RATIO` times that duration (no large
+transfer for little work); tasks measured under :data:`MIN_STEAL_DURATION` stay.
 
 The victim answers (:class:`~shoal.protocol.messages.StealReply`): ``ok`` if the task had
 not started (it dropped it and will never run it), else "too late" (it runs, or ran,
@@ -33,7 +36,8 @@ from shoal.protocol import messages as m
 if TYPE_CHECKING:
     from shoal.core.comm import Comm
 
-STEAL_COST_RATIO = 0.5  # transfer time may be at most this share of the task's duration
+STEAL_COST_RATIO = 10.0  # a move may cost at most this many times the task's duration
+MIN_STEAL_DURATION = 0.005  # seconds: shorter tasks are not worth a round trip (as Dask)
 STEAL_LATENCY = 0.002  # seconds a steal costs besides the transfer (two messages)
 STEAL_INTERVAL = 0.1  # seconds between the server's balance calls
 
@@ -102,19 +106,25 @@ class Stealing:
         self, victim: WorkerRecord, idle: list[tuple[WorkerRecord, int]], stimulus_id: str
     ) -> int:
         """Offer ``victim``'s waiting tasks, last to run first, to the idle workers."""
-        queued = len(victim.processing) - len(victim.long_running) - victim.slot_threads
+        active = len(victim.processing) - len(victim.long_running)
+        queued = active - victim.slot_threads
+        threads = max(victim.slot_threads, 1)
         candidates = sorted(
             (ts for ts in victim.processing if ts not in victim.long_running),
             key=lambda ts: ts.priority,
             reverse=True,  # the worker runs the smallest priority first
         )[:queued]
         sent = 0
-        for ts in candidates:
+        for behind, ts in enumerate(candidates):
             if not idle:
                 break
             if ts in self.steals or not self._movable(ts):
                 continue
-            best = self._best_thief(ts, idle)
+            duration = ts.prefix.mean_duration
+            if duration < MIN_STEAL_DURATION:
+                continue
+            wait = (active - 1 - behind) * duration / threads  # the tasks ahead of it
+            best = self._best_thief(ts, idle, min(wait, duration * STEAL_COST_RATIO))
             if best is None:
                 continue
             thief = idle[best][0]
@@ -135,10 +145,11 @@ class Stealing:
         r = ts.restrictions
         return r is None or not r.workers or r.loose
 
-    def _best_thief(self, ts: TaskState, idle: list[tuple[WorkerRecord, int]]) -> int | None:
-        """Index into ``idle`` of the cheapest worker to move ``ts`` to, if any is cheap
-        enough."""
-        duration = ts.prefix.mean_duration
+    def _best_thief(
+        self, ts: TaskState, idle: list[tuple[WorkerRecord, int]], limit: float
+    ) -> int | None:
+        """Index into ``idle`` of the cheapest worker to move ``ts`` to, if one costs
+        less than ``limit`` seconds."""
         r = ts.restrictions
         best = None
         best_cost = 0.0
@@ -152,7 +163,7 @@ class Stealing:
                 if thief not in dts.who_has:
                     missing += dts.nbytes
             cost = missing / BANDWIDTH + STEAL_LATENCY
-            if cost <= duration * STEAL_COST_RATIO and (best is None or cost < best_cost):
+            if cost < limit and (best is None or cost < best_cost):
                 best, best_cost = i, cost
         return best
 

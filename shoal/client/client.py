@@ -27,6 +27,7 @@ from shoal.client.cluster_info import ClusterInfo
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
+from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
 from shoal.client.restrictions import duration_hint, task_restrictions
@@ -75,8 +76,12 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
         scheduler_timeout: float = DEFAULT_SCHEDULER_TIMEOUT,
         subscribe: bool = True,
         security: Security | None = None,
+        forward_output: bool = True,
     ):
         self.asynchronous = asynchronous
+        # Tasks' prints, log records and warnings come here (shoal/client/output.py).
+        self.forward_output = forward_output
+        self._output = OutputReceiver()
         self.security = security
         self.timeout = timeout
         # Seconds without an answer to a heartbeat before the scheduler counts as gone
@@ -169,6 +174,8 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
         self.id = welcome.assigned
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
+        if not self.forward_output:
+            self._conn.send(m.ForwardOutput(False))
         self._heartbeats = asyncio.ensure_future(
             keep_alive(self._conn, m.Heartbeat, self.scheduler_timeout, interval=2.0)
         )
@@ -375,6 +382,8 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
                     n = _cancel_number(msg.stimulus_id)  # type: ignore[attr-defined]
                     if n is None or st.born < n:
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
+            elif t is m.TaskOutput:
+                self._output.received(msg)  # type: ignore[arg-type]
             elif t is m.TaskUnplaceable:  # once per episode (the scheduler's count)
                 logger.warning("%s", msg.reason)  # type: ignore[attr-defined]
             elif t in _LATE_REPLIES:
@@ -621,15 +630,19 @@ class Client(ClusterInfo, PinsMixin, PluginsMixin):
 
     def gather(self, futures: Any, errors: str = "raise") -> Any:
         """The results of (a structure of lists, tuples and dicts of) futures."""
-        coro = self._gather_structure(futures, errors)
-        if self.asynchronous:
-            return coro
-        return self._sync(coro)
-
-    async def _gather_structure(self, futures: Any, errors: str) -> Any:
         found: list[Future] = []
         _collect(futures, found)
+        coro = self._gather_structure(futures, found, errors)
+        if self.asynchronous:
+            return coro
+        result = self._sync(coro)
+        self._output.reraise([f.key for f in found], self._states)  # the tasks' warnings
+        return result
+
+    async def _gather_structure(self, futures: Any, found: list[Future], errors: str) -> Any:
         by_key = await self._gather_values(found, errors=errors)
+        if self.asynchronous:  # (on the caller's loop, in its task)
+            self._output.reraise(list(by_key), self._states)
         return _rebuild(futures, by_key)
 
     async def _gather_async(self, futures: list[Future], timeout: float | None = None) -> list[Any]:

@@ -36,7 +36,8 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
-# 11: work stealing (StealRequest, StealReply).
+# 11: work stealing (StealRequest, StealReply); task output forwarded to clients
+#    (TaskOutput, ForwardOutput).
 PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -506,6 +507,24 @@ class ComputeReleased(Message):
     stimulus_id: str = ""
 
 
+class TaskOutput(Message):
+    """Worker -> scheduler -> client: what the task ``key`` printed, logged and warned
+    since the last such message (see ``shoal/server/output.py``). ``data`` is opaque to
+    the scheduler (msgpack of entries, read by ``shoal/client/output.py``); it fills in
+    ``worker`` (the worker's address) as it forwards the message to the task's client."""
+
+    key: Key
+    worker: str
+    data: bytes
+
+
+class ForwardOutput(Message):
+    """Client -> scheduler: whether this client gets the output of its tasks
+    (:class:`TaskOutput`); on by default (``Client(forward_output=False)``)."""
+
+    enabled: bool
+
+
 class StealReply(Message):
     """Worker -> scheduler: the answer to a StealRequest. ``ok``: the task had not
     started and was dropped here (it will not run here); else "too late": it runs, or
@@ -920,6 +939,8 @@ AnyMessage = (
     | ComputeReleased
     | StealRequest
     | StealReply
+    | TaskOutput
+    | ForwardOutput
     | TaskFinished
     | TaskSeceded
     | TaskErred

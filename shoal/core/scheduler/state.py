@@ -35,6 +35,7 @@ from shoal.core.scheduler.model import (
     discarded,
     key_split,
 )
+from shoal.core.scheduler.output import OutputRouting
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
@@ -81,6 +82,7 @@ class SchedulerState(
     ShuffleCoordinator,
     Walltime,
     Stealing,
+    OutputRouting,
 ):
     def __init__(
         self,
@@ -251,6 +253,8 @@ class SchedulerState(
             ts = tasks.get(key)
             if ts is None:
                 group = self._group(spec.group or key)
+                if group.owner is None:
+                    group.owner = cs  # whose tasks' output it is (core/scheduler/output.py)
                 if type(key) is tuple and key and key[0] == group.name:
                     # The group's copy of the name, not one per key (~90 bytes each).
                     key = (group.name, *key[1:])
@@ -462,6 +466,7 @@ class SchedulerState(
         m.ReleasePin: Pins._pin_change,
         m.RenewPin: Pins._pin_change,
         m.ScaleRequest: Scaling._scale_request,
+        m.ForwardOutput: OutputRouting._forward_output,
     }
 
     # ------------------------------------------------------------------ events: workers
@@ -471,6 +476,7 @@ class SchedulerState(
         m.ShuffleStats: ShuffleCoordinator._shuffle_stats,
         m.LogEvent: Events._worker_log_event,
         m.StealReply: Stealing._steal_reply,
+        m.TaskOutput: OutputRouting._task_output,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:

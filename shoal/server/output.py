@@ -104,6 +104,8 @@ class OutputCollector:
 
     def take(self, refill: bool = False) -> list[m.TaskOutput]:
         """The messages to send now (and, each interval, a new byte budget)."""
+        if not refill and not self._pending and not self._dropped:
+            return []  # after every batch of results: nothing to lock for, mostly
         with self._lock:
             pending, self._pending = self._pending, {}
             dropped, self._dropped = self._dropped, {}

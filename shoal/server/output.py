@@ -97,8 +97,9 @@ class OutputCollector:
 
     def end(self, key: Any) -> None:
         _task.key = None
-        with self._lock:
-            self._warned.pop(key, None)
+        if self._warned:  # (mostly empty: no lock per task then)
+            with self._lock:
+                self._warned.pop(key, None)
 
     # -- from the worker's loop --
 
@@ -145,7 +146,7 @@ class _ThreadStream(io.TextIOBase):
         return True
 
     def isatty(self) -> bool:
-        return False
+        return getattr(_task, "key", None) is None and self._original.isatty()
 
     def fileno(self) -> int:
         return self._original.fileno()

@@ -168,6 +168,12 @@ def main() -> None:
     show_default=True,
     help="Seconds a new connection has to send a complete Hello before it is closed.",
 )
+@click.option(
+    "--work-stealing/--no-work-stealing",
+    default=True,
+    show_default=True,
+    help="Move queued tasks from busy workers to idle ones.",
+)
 @security_options
 def scheduler(
     host: str,
@@ -181,6 +187,7 @@ def scheduler(
     worker_ttl: float,
     handshake_timeout: float,
     preload: tuple[str, ...],
+    work_stealing: bool,
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -206,6 +213,7 @@ def scheduler(
             worker_ttl=worker_ttl,
             security=security,
             handshake_timeout=handshake_timeout,
+            work_stealing=work_stealing,
         )
         await s.start()
         try:

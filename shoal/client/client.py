@@ -35,6 +35,7 @@ from shoal.client.data_location import DataLocationMixin
 from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.loop import LoopRunner
+from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
 from shoal.client.remote import RemoteMixin
@@ -110,6 +111,7 @@ class Client(
         scheduler_timeout: float = CONFIGURED,
         subscribe: bool = True,
         security: Security | None = None,
+        forward_output: bool = True,
         scheduler_file: str | os.PathLike[str] | None = None,
         **cluster_kwargs: Any,
     ):
@@ -120,6 +122,9 @@ class Client(
         check_cluster_kwargs(address, cluster_kwargs)
         self._cluster_kwargs = cluster_kwargs
         self.asynchronous = asynchronous
+        # Tasks' prints, log records and warnings come here (shoal/client/output.py).
+        self.forward_output = forward_output
+        self._output = OutputReceiver()
         self.security = security
         # Left out: from the config (shoal.comm.timeouts.*, or distributed.comm.timeouts.*)
         timeout = resolve(timeout, "comm.timeouts.connect")
@@ -217,6 +222,8 @@ class Client(
         self.id = welcome.assigned
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
+        if not self.forward_output:
+            self._conn.send(m.ForwardOutput(False))
         self._heartbeats = asyncio.ensure_future(
             keep_alive(self._conn, m.Heartbeat, self.scheduler_timeout, interval=2.0)
         )
@@ -428,6 +435,8 @@ class Client(
                     n = _cancel_number(msg.stimulus_id)  # type: ignore[attr-defined]
                     if n is None or st.born < n:
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
+            elif t is m.TaskOutput:
+                self._output.received(msg)  # type: ignore[arg-type]
             elif t is m.TaskUnplaceable:  # once per episode (the scheduler's count)
                 logger.warning("%s", msg.reason)  # type: ignore[attr-defined]
             elif t in _LATE_REPLIES:
@@ -681,15 +690,19 @@ class Client(
 
     def gather(self, futures: Any, errors: str = "raise") -> Any:
         """The results of (a structure of lists, tuples and dicts of) futures."""
-        coro = self._gather_structure(futures, errors)
-        if self.asynchronous:
-            return coro
-        return self._sync(coro)
-
-    async def _gather_structure(self, futures: Any, errors: str) -> Any:
         found: list[Future] = []
         _collect(futures, found)
+        coro = self._gather_structure(futures, found, errors)
+        if self.asynchronous:
+            return coro
+        result = self._sync(coro)
+        self._output.reraise([f.key for f in found], self._states)  # the tasks' warnings
+        return result
+
+    async def _gather_structure(self, futures: Any, found: list[Future], errors: str) -> Any:
         by_key = await self._gather_values(found, errors=errors)
+        if self.asynchronous:  # (on the caller's loop, in its task)
+            self._output.reraise(list(by_key), self._states)
         return _rebuild(futures, by_key)
 
     async def _gather_async(self, futures: list[Future], timeout: float | None = None) -> list[Any]:

@@ -148,11 +148,16 @@ class Future:
         if not st.wait_sync(timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout}s")
         if st.status == "finished" and st.has_value:
-            return st.value
-        return self.client._sync(self._result_async(timeout))
+            value = st.value
+        else:
+            value = self.client._sync(self._result_async(timeout))
+        self.client._output.reraise([self.key], self.client._states)  # the task's warnings
+        return value
 
     async def _result_async(self, timeout: float | None = None) -> Any:
         (value,) = await self.client._gather_async([self], timeout=timeout)
+        if self.client.asynchronous:
+            self.client._output.reraise([self.key], self.client._states)
         return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

@@ -72,6 +72,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         lifetime_stagger: str | float = 0,
         lifetime_restart: bool | None = None,
         max_tasks: int | None = None,
+        work_stealing: bool = True,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -101,6 +102,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         self.validate = validate
         self.allowed_failures = allowed_failures  # deaths under a task before KilledWorker
         self.worker_ttl = worker_ttl  # seconds without a heartbeat before a worker is removed
+        self.work_stealing = work_stealing  # queued tasks move from busy to idle workers
         self.interrupt_grace = interrupt_grace  # then a force-cancelled stuck task restarts it
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         self.security = _cluster_security(security, token)
@@ -176,6 +178,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
             *(["--validate"] if self.validate else []),
             *("--allowed-failures", str(self.allowed_failures)),
             *("--worker-ttl", str(self.worker_ttl)),
+            *([] if self.work_stealing else ["--no-work-stealing"]),
         )
         deadline = time.monotonic() + self.timeout
         while not os.path.exists(sched_file):
@@ -257,6 +260,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
                 security=self.security,
                 allowed_failures=self.allowed_failures,
                 worker_ttl=self.worker_ttl,
+                work_stealing=self.work_stealing,
             ).start()
             self.scheduler_address = self._scheduler.address
             for _ in range(self.n_workers):

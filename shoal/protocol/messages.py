@@ -36,6 +36,10 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
+# 11: more of Dask's Client (RunFunction, RunReply, FireAndForget, PublishDataset,
+#    DatasetRequest, DatasetReply, RestartRequest, RetryKeys, ReplicateKeys); work
+#    stealing (StealRequest, StealReply); task output forwarded to clients (TaskOutput,
+#    ForwardOutput); ScaleRequest.replace_ahead.
 PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -464,6 +468,15 @@ class ReleaseCompute(Message):
     stimulus_id: str = ""
 
 
+class StealRequest(Message):
+    """Scheduler -> worker: give back ``key`` (its assignment ``run_id``) if it has not
+    started, to run it on an idle worker. Answered by :class:`StealReply`."""
+
+    key: Key
+    run_id: int
+    stimulus_id: str = ""
+
+
 # --- worker -> scheduler ---------------------------------------------------------
 
 
@@ -491,6 +504,35 @@ class ComputeReleased(Message):
     of ``key`` holds none of this worker's threads any more."""
 
     key: Key
+    stimulus_id: str = ""
+
+
+class TaskOutput(Message):
+    """Worker -> scheduler -> client: what the task ``key`` printed, logged and warned
+    since the last such message (see ``shoal/server/output.py``). ``data`` is opaque to
+    the scheduler (msgpack of entries, read by ``shoal/client/output.py``); it fills in
+    ``worker`` (the worker's address) as it forwards the message to the task's client."""
+
+    key: Key
+    worker: str
+    data: bytes
+
+
+class ForwardOutput(Message):
+    """Client -> scheduler: whether this client gets the output of its tasks
+    (:class:`TaskOutput`); on by default (``Client(forward_output=False)``)."""
+
+    enabled: bool
+
+
+class StealReply(Message):
+    """Worker -> scheduler: the answer to a StealRequest. ``ok``: the task had not
+    started and was dropped here (it will not run here); else "too late": it runs, or
+    ran, here and its result is reported as usual."""
+
+    key: Key
+    run_id: int
+    ok: bool
     stimulus_id: str = ""
 
 
@@ -984,6 +1026,10 @@ AnyMessage = (
     | FreeKeys
     | ReleaseCompute
     | ComputeReleased
+    | StealRequest
+    | StealReply
+    | TaskOutput
+    | ForwardOutput
     | TaskFinished
     | TaskSeceded
     | TaskErred

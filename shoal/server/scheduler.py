@@ -24,6 +24,7 @@ from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler.state import SchedulerState
+from shoal.core.scheduler.stealing import STEAL_INTERVAL
 from shoal.plugins.scheduler import SchedulerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
@@ -71,6 +72,7 @@ class Scheduler:
         worker_ttl: float = DEFAULT_WORKER_TTL,
         security: Security | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        work_stealing: bool = True,
     ):
         self.security = security or Security()  # token / TLS for every connection
         self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
@@ -79,7 +81,11 @@ class Scheduler:
         self.port = port
         self.id = f"scheduler-{uuid.uuid4().hex[:12]}"
         self.state = SchedulerState(
-            self, validate=validate, allowed_failures=allowed_failures, worker_ttl=worker_ttl
+            self,
+            validate=validate,
+            allowed_failures=allowed_failures,
+            worker_ttl=worker_ttl,
+            stealing=work_stealing,
         )
         self.address = ""
         self._server: asyncio.Server | None = None
@@ -95,6 +101,7 @@ class Scheduler:
         self._pushed_frame: list[bytes | memoryview] | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._progress_pusher: asyncio.Task[None] | None = None
+        self._balancer: asyncio.Task[None] | None = None
         self.plugins = SchedulerPlugins(self)  # shoal/plugins/scheduler.py
 
     # ---------------------------------------------------------------- Comm (for the core)
@@ -127,6 +134,8 @@ class Scheduler:
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
+        if self.state.stealing_enabled:
+            self._balancer = asyncio.ensure_future(self._balance())
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -147,7 +156,7 @@ class Scheduler:
         await self.plugins.close()
         if self._server is not None:
             self._server.close()
-        for task in (self._watchdog, self._pusher, self._progress_pusher):
+        for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
             if task is not None:
                 task.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
@@ -371,6 +380,13 @@ class Scheduler:
             await asyncio.sleep(PROGRESS_INTERVAL)
             if self.state.progress_changed:
                 self.state.flush_progress()
+
+    async def _balance(self) -> None:
+        """Work stealing (shoal/core/scheduler/stealing.py): a periodic balance, so
+        that it costs nothing per task."""
+        while True:
+            await asyncio.sleep(STEAL_INTERVAL)
+            self.state.balance(self._sid("steal"))
 
     # ---------------------------------------------------------------- liveness
 

@@ -72,6 +72,8 @@ from shoal.server import remote_run
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
+from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
+from shoal.server.output import install as install_output_capture
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
 from shoal.shuffle._worker import ShuffleService
@@ -102,7 +104,8 @@ def current_task() -> tuple[Worker, Any] | None:
     return None if worker is None else (worker, _current.key)
 
 
-_SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys)
+_SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys, m.StealRequest)
+_TAKE_BACK = (m.FreeKeys, m.ReleaseCompute, m.ComputeTask)  # these drop a deferred ComputeTask
 
 
 def _interrupted(key: Any, e: TaskInterrupted, start: float) -> ExecuteFailure:
@@ -204,6 +207,7 @@ class Worker:
         # fed in once it has ended, so that its result never answers the new run.
         self._deferred: dict[Any, m.ComputeTask] = {}
         self.plugins = WorkerPlugins(self)  # shoal/plugins/worker.py
+        self._output: OutputCollector | None = None  # task output (shoal/server/output.py)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -252,6 +256,9 @@ class Worker:
             self._loop.call_later(left, self._end_of_life, "its lifetime is over")
         self.scheduler.on_close = self._scheduler_lost
         self.scheduler.set_handler(self._on_scheduler_frame)
+        if self.owns_process:  # (an in-process worker's tasks write to the process's streams)
+            self._output = install_output_capture()
+            self._spawn(self._forward_output())
         for _ in range(self.nthreads):
             self._start_thread()
         # A scheduler that stops answering is gone, as one that closed the connection.
@@ -406,7 +413,7 @@ class Worker:
                     events = []
                 self._compute_shuffle_task(msg)
             elif type(msg) in _SCHEDULER_EVENTS:
-                if self._deferred and type(msg) is not m.CopyKeys:
+                if self._deferred and type(msg) in _TAKE_BACK:
                     self._undefer(msg)
                 events.append(msg)
             elif type(msg) is m.ShuffleRestart:
@@ -598,6 +605,7 @@ class Worker:
         resolve = self.state.data.__getitem__
         coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
         threads, slot = self._task_threads, ThreadSlot()
+        output = self._output
         while True:
             item = self._queue.get()
             if item is None:
@@ -608,6 +616,8 @@ class Worker:
             # waits for the next one: the worker may drop or spill it meanwhile.
             key, func_id, payload, mark = item
             _current.worker, _current.key, _current.seceded = self, key, False
+            if output is not None:
+                output.begin(key)
             start = time.time()
             try:
                 # TaskInterrupted (force-cancel) is raised in this thread only between
@@ -622,6 +632,8 @@ class Worker:
                     result = _interrupted(key, TaskInterrupted(), start)
             finally:
                 _current.worker = _current.key = None
+                if output is not None:
+                    output.end(key)
             self._push_result(result)
             item = None
             del result
@@ -698,10 +710,21 @@ class Worker:
     def _drain_results(self) -> None:
         with self._results_lock:
             events, self._results = self._results, []
+        if self._output is not None and self.scheduler is not None:
+            for msg in self._output.take():  # a task's output goes before its result
+                self.scheduler.send(msg)
         if events and not self._closed.is_set():
             self._handle(events)
             if self.lifetime.budget_spent:
                 check_budget(self)
+
+    async def _forward_output(self) -> None:
+        """Send what running tasks wrote, once an interval (batched and bounded)."""
+        assert self._output is not None
+        while self.scheduler is not None:
+            await asyncio.sleep(OUTPUT_INTERVAL)
+            for msg in self._output.take(refill=True):
+                self.scheduler.send(msg)
 
     # ---------------------------------------------------------------- peers
 

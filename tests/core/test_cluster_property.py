@@ -11,12 +11,15 @@ machine as ``GatherSuccess.failed``. Every machine validates its invariants afte
 event.
 
 Workers may also have a lifetime and a task budget (walltime), tasks a duration hint,
-and the scheduler's clock moves on as events are delivered.
+and the scheduler's clock moves on as events are delivered. The scheduler balances at
+random moments (work stealing: StealRequest / StealReply cross the other messages).
 
 What must hold, whatever the order of events: no failed transfer ever becomes data
 (every copy the scheduler knows of is the genuine value, held by that worker); no task
 is ever sent to a worker it would not finish on before its deadline (behind the work
-it was already given), nor to a worker beyond its budget; and once everything is delivered (and a worker without limits has
+it was already given), nor to a worker beyond its budget; no assignment of a task (its
+``run_id``) is executed twice, and a worker that gave a task back (StealReply ``ok``)
+never executes that assignment; and once everything is delivered (and a worker without limits has
 joined, for the tasks that fit no limited worker) nothing hangs: every key a client
 wants is in memory or erred, and a key whose whole graph is sendable and loadable ends
 in memory.
@@ -54,6 +57,8 @@ from shoal.protocol.messages import (
     Message,
     Payload,
     ReleaseCompute,
+    StealReply,
+    StealRequest,
     TaskRestrictions,
 )
 
@@ -84,6 +89,9 @@ class Cluster:
         self.sid = 0
         self.now = 0.0  # the scheduler's wall clock (tick)
         self.sent: dict[str, int] = {}  # worker -> ComputeTasks sent to it
+        self.ran: set[tuple[str, int]] = set()  # (key, run_id) executions started
+        self.given_back: set[tuple[str, str, int]] = set()  # (worker, key, run_id): steal ok
+        self.sizes: dict[str, int] = {}  # bytes a result is reported to take; default 8
 
     # --- membership -------------------------------------------------------------------
 
@@ -137,8 +145,15 @@ class Cluster:
         ws = self.workers[address]
         for inst in ws.handle(*events):
             if isinstance(inst, SendMessage):
-                self.to_scheduler[address].append(inst.msg)
+                msg = inst.msg
+                if isinstance(msg, StealReply) and msg.ok:
+                    self.given_back.add((address, msg.key, msg.run_id))
+                self.to_scheduler[address].append(msg)
             elif isinstance(inst, Execute):
+                run = (inst.key, ws.tasks[inst.key].run_id)
+                assert run not in self.ran, f"{run} executed twice"
+                assert (address, *run) not in self.given_back, f"{run} ran after given back"
+                self.ran.add(run)
                 self.executions[address].append(inst.key)
             elif isinstance(inst, GatherDep):
                 self.gathers[address].append(inst)
@@ -163,7 +178,7 @@ class Cluster:
     def step(self, action: str, address: str) -> None:
         if action == "deliver-to-worker":
             msg = self.to_worker[address].popleft()
-            if isinstance(msg, ComputeTask | FreeKeys | ReleaseCompute | CopyKeys):
+            if isinstance(msg, ComputeTask | FreeKeys | ReleaseCompute | CopyKeys | StealRequest):
                 self.worker_handles(address, msg)
             else:
                 assert isinstance(msg, FunctionDefs), msg
@@ -172,7 +187,10 @@ class Cluster:
         elif action == "execute":
             key = self.executions[address].pop(self.rng.randrange(len(self.executions[address])))
             value = Value(key, self.kinds[key])
-            event = ExecuteSuccess(key, value, 8, None, "Value", 1.0, 2.0, self.next_sid("ran"))
+            nbytes = self.sizes.get(key, 8)
+            event = ExecuteSuccess(
+                key, value, nbytes, None, "Value", 1.0, 2.0, self.next_sid("ran")
+            )
             self.worker_handles(address, event)
         else:
             self.transfer(address)
@@ -303,6 +321,9 @@ def test_failed_transfers_never_become_results(sc: Scenario) -> None:
             break
         if cluster.rng.random() < 0.2:  # time passes
             cluster.sim.s.tick(cluster.sim.s.wall_time + cluster.rng.uniform(0, 5))
+        if cluster.rng.random() < 0.2:  # the server's periodic balance (work stealing)
+            cluster.sim.s.balance(cluster.next_sid("balance"))
+            cluster.pump()
         cluster.step(*cluster.rng.choice(actions))
         cluster.check_copies()
     cluster.quiesce()
@@ -355,3 +376,50 @@ def test_a_result_of_an_earlier_run_is_not_taken_for_the_current_one():
     current = TaskFinished("b", 8, 3.0, 4.0, None, "int", "current", run_id=first_run + 1)
     sim.s.handle_worker(W2, current)
     assert sim.state("b") == "memory" and "b" in sim.holds(W2)
+
+
+def test_steals_move_work_and_lose_nothing() -> None:
+    """Tasks that need one large result, first measured as very short, all go where that
+    result is; then they are measured long, and a balance moves four of them to the two
+    idle workers; balancing at every step after that, each assignment runs at most once
+    (checked as it runs) and every key ends in memory."""
+    keys = [key(i) for i in range(20)]
+    cluster = Cluster(7, dict.fromkeys([*keys, "x"], "ok"))
+    cluster.sizes["x"] = 10**7  # 0.1 s to move at the assumed bandwidth
+    for _ in range(3):
+        cluster.add_worker()
+    s = cluster.sim.s
+    cluster.sim.submit({"x": []})
+    cluster.pump()
+    cluster.quiesce()
+    (holder,) = s.tasks["x"].who_has
+    s._group(keys[0]).prefix.add_duration(0.001)
+    cluster.sim.submit({k: ["x"] for k in keys}, wanted=keys)
+    cluster.pump()
+    assert {ts.processing_on for ts in s.tasks.values() if ts.processing_on} == {holder}
+    s.prefixes["t"].add_duration(10.0)  # measured at last: they take long
+    assert s.balance(cluster.next_sid("balance")) == 4  # two idle workers, two threads each
+    cluster.pump()
+    asked = {ts.key for ts in s.steals}
+    while cluster.to_worker[holder.address]:  # the holder runs two, the rest wait
+        cluster.step("deliver-to-worker", holder.address)
+    running = {
+        k for k, wt in cluster.workers[holder.address].tasks.items() if wt.state == "executing"
+    }
+    assert len(running) == 2
+    while cluster.to_scheduler[holder.address]:
+        cluster.step("deliver-to-scheduler", holder.address)
+    # those it had started are "too late"; the others moved
+    assert s.steals_refused == len(asked & running) and s.steals_done == 4 - len(asked & running)
+    assert s.steals_done >= 2
+    for k in asked - running:
+        assert s.tasks[k].processing_on not in (None, holder)
+    for _ in range(2_000):
+        s.balance(cluster.next_sid("balance"))
+        cluster.pump()
+        actions = cluster.actions()
+        if not actions:
+            break
+        cluster.step(*cluster.rng.choice(actions))
+    assert all(s.tasks[k].state == "memory" for k in keys)
+    assert {s.tasks[k].who_has[0] for k in keys} != {holder}

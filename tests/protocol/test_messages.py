@@ -135,6 +135,10 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
     m.ReleaseCompute: m.ReleaseCompute("a", False, True, stimulus_id="cancel-1"),
     m.ComputeReleased: m.ComputeReleased(("b", 1), stimulus_id="thread-ended-1"),
+    m.StealRequest: m.StealRequest(("c", 2), 3, stimulus_id="balance-1"),
+    m.StealReply: m.StealReply(("c", 2), 3, False, stimulus_id="steal-1"),
+    m.TaskOutput: m.TaskOutput(("c", 2), "tcp://127.0.0.1:9", b"\x91\x92\xa6stdout\xa2hi"),
+    m.ForwardOutput: m.ForwardOutput(False),
     m.TaskFinished: m.TaskFinished(
         key=("inc", 1),
         nbytes=28,

@@ -87,18 +87,20 @@ class TaskPrefix(Counters):
 class TaskGroup(Counters):
     """The tasks of one operation, e.g. one ``client.map`` call or one dask layer."""
 
-    __slots__ = ("prefix",)
+    __slots__ = ("prefix", "owner")
 
     def __init__(self, name: str, prefix: TaskPrefix):
         super().__init__(name)
         self.prefix = prefix
+        self.owner: ClientRecord | None = None  # the client that first submitted to it
 
 
 class ClientRecord:
-    __slots__ = ("id", "wants", "partial", "watches")
+    __slots__ = ("id", "wants", "partial", "watches", "forward_output")
 
     def __init__(self, client_id: str):
         self.id = client_id
+        self.forward_output = True  # it gets its tasks' output (TaskOutput)
         self.wants: set[TaskState] = set()
         self.watches: dict[int, ProgressWatch] = {}  # its progress watches by id
         # The new tasks of a graph still arriving in parts, with their next states:

@@ -36,6 +36,7 @@ from shoal.core.scheduler.model import (
     discarded,
     key_split,
 )
+from shoal.core.scheduler.output import OutputRouting
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
@@ -43,6 +44,7 @@ from shoal.core.scheduler.replication import Replication
 from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.restart import Restart
 from shoal.core.scheduler.scaling import Scaling
+from shoal.core.scheduler.stealing import Stealing
 from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.scheduler.walltime import Walltime
 from shoal.core.story import InvalidTransition, StoryLog
@@ -85,6 +87,8 @@ class SchedulerState(
     Datasets,
     Restart,
     Replication,
+    Stealing,
+    OutputRouting,
 ):
     def __init__(
         self,
@@ -92,6 +96,7 @@ class SchedulerState(
         validate: bool = False,
         allowed_failures: int = DEFAULT_ALLOWED_FAILURES,
         worker_ttl: float = DEFAULT_WORKER_TTL,
+        stealing: bool = True,
     ):
         self.comm = comm
         self.validate = validate
@@ -114,6 +119,7 @@ class SchedulerState(
         self._init_datasets()
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
+        self._init_stealing(stealing)
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -256,6 +262,8 @@ class SchedulerState(
             ts = tasks.get(key)
             if ts is None:
                 group = self._group(spec.group or key)
+                if group.owner is None:
+                    group.owner = cs  # whose tasks' output it is (core/scheduler/output.py)
                 if type(key) is tuple and key and key[0] == group.name:
                     # The group's copy of the name, not one per key (~90 bytes each).
                     key = (group.name, *key[1:])
@@ -473,6 +481,7 @@ class SchedulerState(
         m.ReleasePin: Pins._pin_change,
         m.RenewPin: Pins._pin_change,
         m.ScaleRequest: Scaling._scale_request,
+        m.ForwardOutput: OutputRouting._forward_output,
     }
 
     # ------------------------------------------------------------------ events: workers
@@ -481,6 +490,8 @@ class SchedulerState(
         **WorkerReports._worker_handlers,
         m.ShuffleStats: ShuffleCoordinator._shuffle_stats,
         m.LogEvent: Events._worker_log_event,
+        m.StealReply: Stealing._steal_reply,
+        m.TaskOutput: OutputRouting._task_output,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:

@@ -116,7 +116,7 @@ class InterruptExpired(WorkerEvent):
     stimulus_id: str
 
 
-Event = ComputeTask | FreeKeys | m.ReleaseCompute | m.CopyKeys | WorkerEvent
+Event = ComputeTask | FreeKeys | m.ReleaseCompute | m.CopyKeys | m.StealRequest | WorkerEvent
 
 # --- instructions -----------------------------------------------------------------------
 

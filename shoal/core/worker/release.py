@@ -111,6 +111,25 @@ class Releases:
             else:
                 self._out.append(SendMessage(m.ComputeReleased(key, sid), sid))
 
+    def _handle_steal_request(self, ev: m.StealRequest) -> None:
+        """The scheduler would move ``key`` to an idle worker: give it back only if it
+        has not started (waiting for data, or ready), so it never runs twice."""
+        key, sid = ev.key, ev.stimulus_id
+        ts = self.tasks.get(key)
+        self._log((key, "StealRequest", sid))
+        ok = (
+            ts is not None
+            and ts.run_id == ev.run_id
+            and ts.state in ("waiting", "ready")
+            and not ts.dependents
+        )
+        if ok:
+            assert ts is not None
+            ts.wanted = False
+            ts.resume = None
+            self._release(ts, sid)
+        self._out.append(SendMessage(m.StealReply(key, ev.run_id, ok, sid), sid))
+
     def _answer_drains(self, ts: WTask, sid: str) -> None:
         """``ts``'s execution no longer holds a thread for a released task."""
         for _ in range(self._drains.pop(ts, 0)):

@@ -731,6 +731,7 @@ WorkerState._HANDLERS = {
     ComputeTask: WorkerState._handle_compute,
     FreeKeys: WorkerState._handle_free_keys,
     m.ReleaseCompute: WorkerState._handle_release_compute,
+    m.StealRequest: WorkerState._handle_steal_request,
     InterruptExpired: WorkerState._handle_interrupt_expired,
     ExecuteSuccess: WorkerState._handle_execute_success,
     ExecuteFailure: WorkerState._handle_execute_failure,

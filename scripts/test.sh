@@ -3,6 +3,7 @@
 # tests run side by side), check style and types, run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/install-system-deps.sh
 python -m pip install --quiet --disable-pip-version-check -e ".[test,fast,bench]"
 python -m ruff check shoal tests benchmarks
 python -m mypy -p shoal

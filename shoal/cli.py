@@ -130,7 +130,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface, advertising this host's address).",
+)
 @click.option("--port", default=8786, show_default=True, help="Port to listen on (0: any free).")
 @click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Write the address here.")
 @click.option("--validate", is_flag=True, help="Check every invariant after each event (slow).")
@@ -242,8 +247,24 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
 @click.option("--scheduler-file", type=click.Path(dir_okay=False), help="Read the address here.")
 @click.option("--nthreads", default=1, show_default=True, help="Threads that run tasks.")
 @click.option("--name", default="", help="A name for this worker.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface for peers.")
+@click.option(
+    "--host",
+    default=None,
+    help="Address to listen on and advertise (default: this host's side of the route to "
+    "the scheduler; 0.0.0.0: every interface).",
+)
 @click.option("--port", default=0, show_default=True, help="Port for peers (0: any free).")
+@click.option("--interface", default=None, help="Listen on this network interface (eth0, ...).")
+@click.option(
+    "--listen-address",
+    default=None,
+    help="Bind exactly here, e.g. tcp://0.0.0.0:8000 (containers).",
+)
+@click.option(
+    "--contact-address",
+    default=None,
+    help="Advertise this address to the scheduler and peers (NAT, port forwarding).",
+)
 @click.option(
     "--nanny/--no-nanny",
     default=False,
@@ -360,8 +381,11 @@ def worker(
     scheduler_file: str | None,
     nthreads: int,
     name: str,
-    host: str,
+    host: str | None,
     port: int,
+    interface: str | None,
+    listen_address: str | None,
+    contact_address: str | None,
     nanny: bool,
     memory_limit: str,
     memory_target_fraction: str,
@@ -399,6 +423,7 @@ def worker(
         address = _read_scheduler_file(scheduler_file, timeout)
     if nthreads < 1:
         raise click.BadParameter(f"must be at least 1, not {nthreads}", param_hint="--nthreads")
+    addresses = _worker_addresses(host, port, interface, listen_address, contact_address)
     try:
         amounts = parse_resources(resources)
     except ValueError as e:
@@ -423,7 +448,8 @@ def worker(
     name = name or f"{os.uname().nodename}-{os.getpid()}"
     if nanny:
         passed = [
-            *("--nthreads", str(nthreads), "--host", host, "--port", str(port)),
+            *("--nthreads", str(nthreads)),
+            *addresses,
             *[arg for option, value in fraction_options.items() for arg in (option, value)],
             *(["--zero"] if zero else []),
             *(["--validate"] if validate else []),
@@ -457,6 +483,9 @@ def worker(
             name=name,
             host=host,
             port=port,
+            interface=interface,
+            listen_address=listen_address,
+            contact_address=contact_address,
             memory_limit=limit,
             zero=zero,
             validate=validate,
@@ -526,6 +555,33 @@ def worker(
     run(serve())
     if exit_code:
         raise SystemExit(exit_code)
+
+
+def _worker_addresses(
+    host: str | None,
+    port: int,
+    interface: str | None,
+    listen_address: str | None,
+    contact_address: str | None,
+) -> list[str]:
+    """The address options checked (a usage error naming them if they contradict each
+    other), as arguments to pass on to a worker under a nanny."""
+    from shoal.comm.addresses import WorkerAddressOptions
+
+    try:
+        WorkerAddressOptions(host, port, interface, listen_address, contact_address).check()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    options = {
+        "--host": host,
+        "--port": str(port) if port else None,
+        "--interface": interface,
+        "--listen-address": listen_address,
+        "--contact-address": contact_address,
+    }
+    return [
+        arg for option, value in options.items() if value is not None for arg in (option, value)
+    ]
 
 
 def _walltime_options(lifetime: str | None, stagger: str, max_tasks: str | None) -> dict[str, Any]:

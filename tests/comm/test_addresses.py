@@ -109,3 +109,20 @@ def test_a_loopback_worker_joins_a_scheduler_on_another_loopback_address() -> No
             await s.close()
 
     assert asyncio.run(join("127.0.0.2", "127.0.0.1")).startswith("tcp://127.0.0.1:")
+
+
+def test_the_cli_names_contradicting_address_options() -> None:
+    from click.testing import CliRunner
+
+    from shoal.cli import main
+
+    result = CliRunner().invoke(
+        main, ["worker", "tcp://127.0.0.1:1", "--host", "127.0.0.1", "--interface", "lo"]
+    )
+    assert result.exit_code == 2
+    assert "give at most one of --host, --interface" in result.output
+    result = CliRunner().invoke(
+        main, ["worker", "tcp://127.0.0.1:1", "--contact-address", "no-port-here"]
+    )
+    assert result.exit_code == 2
+    assert "--contact-address: not a host:port address" in result.output

@@ -133,6 +133,7 @@ class Network:
         _ip("-n", name, "link", "set", "lo", "up")
 
     def _build(self) -> None:
+        _remove_stale_namespaces()
         self._add_netns(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
@@ -165,3 +166,14 @@ class Network:
         for name in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._namespaces.clear()
+
+
+def _remove_stale_namespaces() -> None:
+    """Namespaces left by a test process that was killed before it could clean up
+    (named shoal<pid>-...: that pid is gone)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.split() else ""
+        owner = name.removeprefix("shoal").partition("-")[0]
+        if name.startswith("shoal") and owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

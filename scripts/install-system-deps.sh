@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Debian packages the tests need beyond Python: a real SLURM (slurm-wlm, munge) and
-# Grid Engine (gridengine-*), which tests/jobqueue start on this machine. Idempotent
-# and quick when they are there; needs root and apt-get, and otherwise says so and
-# does nothing (those tests then skip, with the reason).
+# System packages the tests need beyond Python: a real SLURM (slurm-wlm, munge) and Grid
+# Engine (gridengine-*), which tests/jobqueue start on this machine, and `ip` (iproute2)
+# and nsenter/unshare (util-linux) for the multi-host tests, which build hosts from
+# network namespaces. Idempotent and quick when they are there; needs root and apt-get,
+# and otherwise says so and does nothing (those tests then skip with the reason, and
+# fail under CI=true).
 set -euo pipefail
 packages=(slurm-wlm munge gridengine-master gridengine-exec gridengine-client)
 missing=()
@@ -11,6 +13,8 @@ for package in "${packages[@]}"; do
         missing+=("$package")
     fi
 done
+command -v ip >/dev/null || missing+=(iproute2)
+{ command -v nsenter >/dev/null && command -v unshare >/dev/null; } || missing+=(util-linux)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi

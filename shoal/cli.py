@@ -126,7 +126,10 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--host", default=cfg("scheduler.host"), show_default=True, help="Interface to listen on."
+    "--host",
+    default=cfg("scheduler.host"),
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface, advertising this host's address).",
 )
 @click.option(
     "--port",
@@ -261,13 +264,29 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     help="Threads that run tasks.",
 )
 @click.option("--name", default="", help="A name for this worker.")
-@click.option("--host", default=cfg("worker.host"), show_default=True, help="Interface for peers.")
+@click.option(
+    "--host",
+    default=cfg("worker.host"),
+    help="Address to listen on and advertise (default: this host's side of the route to "
+    "the scheduler; 0.0.0.0: every interface).",
+)
 @click.option(
     "--port",
     type=int,
     default=cfg("worker.port"),
     show_default=True,
     help="Port for peers (0: any free).",
+)
+@click.option("--interface", default=None, help="Listen on this network interface (eth0, ...).")
+@click.option(
+    "--listen-address",
+    default=None,
+    help="Bind exactly here, e.g. tcp://0.0.0.0:8000 (containers).",
+)
+@click.option(
+    "--contact-address",
+    default=None,
+    help="Advertise this address to the scheduler and peers (NAT, port forwarding).",
 )
 @click.option(
     "--nanny/--no-nanny",
@@ -391,8 +410,11 @@ def worker(
     scheduler_file: str | None,
     nthreads: int,
     name: str,
-    host: str,
+    host: str | None,
     port: int,
+    interface: str | None,
+    listen_address: str | None,
+    contact_address: str | None,
     nanny: bool,
     memory_limit: str,
     memory_target_fraction: str,
@@ -430,6 +452,7 @@ def worker(
         address = _read_scheduler_file(scheduler_file, timeout)
     if nthreads < 1:
         raise click.BadParameter(f"must be at least 1, not {nthreads}", param_hint="--nthreads")
+    addresses = _worker_addresses(host, port, interface, listen_address, contact_address)
     try:
         amounts = parse_resources(resources)
     except ValueError as e:
@@ -454,7 +477,8 @@ def worker(
     name = name or f"{os.uname().nodename}-{os.getpid()}"
     if nanny:
         passed = [
-            *("--nthreads", str(nthreads), "--host", host, "--port", str(port)),
+            *("--nthreads", str(nthreads)),
+            *addresses,
             *[arg for option, value in fraction_options.items() for arg in (option, value)],
             *(["--zero"] if zero else []),
             *(["--validate"] if validate else []),
@@ -488,6 +512,9 @@ def worker(
             name=name,
             host=host,
             port=port,
+            interface=interface,
+            listen_address=listen_address,
+            contact_address=contact_address,
             memory_limit=limit,
             zero=zero,
             validate=validate,
@@ -557,6 +584,33 @@ def worker(
     run(serve())
     if exit_code:
         raise SystemExit(exit_code)
+
+
+def _worker_addresses(
+    host: str | None,
+    port: int,
+    interface: str | None,
+    listen_address: str | None,
+    contact_address: str | None,
+) -> list[str]:
+    """The address options checked (a usage error naming them if they contradict each
+    other), as arguments to pass on to a worker under a nanny."""
+    from shoal.comm.addresses import WorkerAddressOptions
+
+    try:
+        WorkerAddressOptions(host, port, interface, listen_address, contact_address).check()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    options = {
+        "--host": host,
+        "--port": str(port) if port else None,
+        "--interface": interface,
+        "--listen-address": listen_address,
+        "--contact-address": contact_address,
+    }
+    return [
+        arg for option, value in options.items() if value is not None for arg in (option, value)
+    ]
 
 
 def _walltime_options(lifetime: str | None, stagger: str, max_tasks: str | None) -> dict[str, Any]:

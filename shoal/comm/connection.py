@@ -108,6 +108,7 @@ class Connection(asyncio.BufferedProtocol):
         self._protocol_error = False  # closed for what the peer sent
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.local_host: str | None = None  # our address on this connection (its interface)
         self.closed = False
         self.close_reason: str | None = None
         self._loop = asyncio.get_running_loop()
@@ -135,6 +136,8 @@ class Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        local = transport.get_extra_info("sockname")  # our side: which interface it came in on
+        self.local_host = str(local[0]) if isinstance(local, tuple) else None
         if self.handshake is not None:
             transport.write(self.handshake.greeting())  # type: ignore[attr-defined]
             if self._handshake_timeout is not None:  # until the first frame (the Hello)

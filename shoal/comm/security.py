@@ -22,7 +22,7 @@ import secrets
 import shutil
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ENV_TOKEN = "SHOAL_TOKEN"
@@ -177,19 +177,24 @@ class Security:
         return None
 
     @classmethod
-    def temporary(cls, token: str | None = None, directory: str | None = None) -> Security:
+    def temporary(
+        cls, token: str | None = None, directory: str | None = None, hosts: Sequence[str] = ()
+    ) -> Security:
         """Throwaway credentials for this machine: a new CA and one certificate it signed
-        for 127.0.0.1/::1/localhost, used by every process (mutual TLS, encryption
-        required). The files are deleted when this process exits."""
+        for 127.0.0.1/::1/localhost and the IP addresses ``hosts`` (other hosts of a
+        cluster), used by every process (mutual TLS, encryption required). The files are
+        deleted when this process exits."""
         if directory is None:
             directory = tempfile.mkdtemp(prefix="shoal-tls-")
             atexit.register(shutil.rmtree, directory, True)
         os.makedirs(directory, exist_ok=True)
-        ca, cert, key = _write_temporary_credentials(Path(directory))
+        ca, cert, key = _write_temporary_credentials(Path(directory), hosts)
         return cls(token, str(ca), str(cert), str(key), require_encryption=True)
 
 
-def _write_temporary_credentials(directory: Path) -> tuple[Path, Path, Path]:
+def _write_temporary_credentials(
+    directory: Path, hosts: Sequence[str] = ()
+) -> tuple[Path, Path, Path]:
     try:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
@@ -227,6 +232,7 @@ def _write_temporary_credentials(directory: Path) -> tuple[Path, Path, Path]:
         x509.DNSName("localhost"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
+        *(x509.IPAddress(ipaddress.ip_address(host)) for host in hosts),
     ]
     cert = (
         x509.CertificateBuilder()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from shoal.comm.addresses import advertised_listener, unreachable_advertisement
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
@@ -128,9 +129,10 @@ class Scheduler:
         if self.owns_process:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
-        self._server, self.address = await listen(
+        self._server, listening = await listen(
             self.host, self.port, self._accept, self.security, self.handshake_timeout
         )
+        self.address = advertised_listener(listening)  # --host 0.0.0.0: a reachable one
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
@@ -198,6 +200,10 @@ class Scheduler:
             parse_address(address)
         except ValueError as e:
             conn.abort(f"invalid worker address: {e}")
+            return
+        unreachable = unreachable_advertisement(address, conn.local_host)
+        if unreachable:
+            conn.abort(unreachable)
             return
         if hello.nthreads < 1:
             conn.abort(f"a worker needs at least one thread, not {hello.nthreads}")

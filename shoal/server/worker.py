@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from shoal.comm.addresses import WorkerAddressOptions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
@@ -128,7 +129,7 @@ class Worker:
         scheduler_address: str,
         nthreads: int = 1,
         name: str = "",
-        host: str = "127.0.0.1",
+        host: str | None = None,  # None: the route to the scheduler (comm/addresses.py)
         port: int = 0,
         memory_limit: int | None = None,
         zero: bool = False,
@@ -145,6 +146,9 @@ class Worker:
         lifetime_stagger: float = 0.0,
         lifetime_restart: bool = False,
         max_tasks: int | None = None,
+        interface: str | None = None,
+        listen_address: str | None = None,
+        contact_address: str | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -152,8 +156,9 @@ class Worker:
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads
         self.name = name
-        self.host = host
-        self.port = port
+        self.addresses = WorkerAddressOptions(
+            host, port, interface, listen_address, contact_address
+        ).check()
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
         self.memory_fractions = MemoryFractions() if memory_fractions is None else memory_fractions
         self.zero = zero  # report every task done at once: measures scheduler overhead
@@ -217,9 +222,11 @@ class Worker:
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
         self.lifetime.start(time.monotonic())
-        self._server, self.address = await listen(
-            self.host, self.port, self._accept_peer, self.security
+        listen_host, listen_port = self.addresses.listen_on(self.scheduler_address)
+        self._server, listening = await listen(
+            listen_host, listen_port, self._accept_peer, self.security
         )
+        self.address = self.addresses.advertise(listening, self.scheduler_address)
         target, spill, pause, _ = self.memory_fractions  # terminating is the nanny's
         if target is not None or spill is not None:
             self._spill = SpillBuffer(

@@ -5,6 +5,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 """
 
 from shoal.client.client import Client
+from shoal.client.coordination import Event, Lock, MultiLock, Pub, Queue, Semaphore, Sub, Variable
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
 from shoal.client.plugins import PluginError
@@ -25,16 +26,24 @@ __all__ = [
     "CancelledError",
     "Client",
     "DiskShuffleRefused",
+    "Event",
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Lock",
+    "MultiLock",
     "NannyPlugin",
     "Pin",
     "PluginError",
+    "Pub",
+    "Queue",
     "SchedulerPlugin",
     "Security",
+    "Semaphore",
     "SerializationError",
+    "Sub",
     "TaskInterrupted",
+    "Variable",
     "WorkerPlugin",
     "__version__",
     "as_completed",

@@ -57,6 +57,7 @@ _REPLIES = (
     m.EventsReply,
     m.ScaleReply,
     m.PluginReply,
+    m.CoordinateReply,
 )
 
 

@@ -36,7 +36,9 @@ import msgspec
 #    Hello.lifetime and Hello.max_tasks (a worker's remaining lifetime and task budget),
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
-PROTOCOL_VERSION = 10
+# 11: coordination primitives (Coordinate, CoordinateReply: locks, semaphores, events,
+#    variables, queues, publish/subscribe held by the scheduler).
+PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -71,9 +73,7 @@ def key_problem(key: object) -> str | None:
 
 
 _NAN_KEY = "NaN is not equal to itself, so no lookup could ever find the task"
-_KEY_TYPES = (
-    "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
-)
+_KEY_TYPES = "a key is a str, int or float, or a tuple of those (nested at most 3 deep), as in Dask"
 
 
 def _tuple_key_problem(key: tuple, depth: int) -> str | None:
@@ -784,6 +784,41 @@ class EventsReply(Message):
     events: dict[str, list[tuple[float, dict[str, Any]]]]  # topic -> (timestamp, data)
 
 
+# ---------------------------------------------------------------- coordination primitives
+
+
+class Coordinate(Message):
+    """Client -> scheduler: one operation ``op`` on the primitive ``kind`` called
+    ``name`` (see ``shoal/core/scheduler/coordination.py``). ``value`` is opaque
+    pickled bytes, or ``key`` names a future whose data the primitive keeps alive.
+    ``number``: a semaphore's max_leases, a queue's maxsize, a get's batch size (0: one
+    item, -1: all there are). ``timeout``: seconds to wait (None: no limit, 0: do not
+    wait). ``token``: a lease or subscription id chosen by the client. Answered by
+    CoordinateReply, possibly much later (a blocked acquire or get)."""
+
+    request_id: int
+    kind: str
+    name: str
+    op: str
+    value: bytes | None = None
+    key: Key | None = None
+    number: int = 0
+    timeout: float | None = None
+    token: str = ""
+    stimulus_id: str = ""
+
+
+class CoordinateReply(Message):
+    request_id: int
+    ok: bool = True  # False: not acquired / not released / event not set / timed out
+    value: bytes | None = None
+    key: Key | None = None
+    items: list[tuple[bytes | None, Key | None]] = []  # a batch get
+    number: int = 0  # a count: leases held, queue size, subscribers reached
+    timed_out: bool = False
+    error: str = ""  # the request was refused: why
+
+
 # ---------------------------------------------------------------- scaling: scale and adapt
 # A cluster (LocalCluster, a job-queue cluster) asks the scheduler what to do; the
 # scheduler decides (the adaptive policy and which workers to close are in the core).
@@ -938,6 +973,8 @@ AnyMessage = (
     | UnregisterPlugin
     | PluginReply
     | LogEvent
+    | Coordinate
+    | CoordinateReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -739,7 +739,9 @@ class Worker:
             exc: Exception = SerializationError(
                 f"the result of {key!r} cannot be sent from {holder} to {self.address}: {reason}"
             )
-            failed[key] = TransferError(f"{holder} cannot pickle it: {reason}", dumps_exception(exc))
+            failed[key] = TransferError(
+                f"{holder} cannot pickle it: {reason}", dumps_exception(exc)
+            )
         for key, exc in unloadable.items():
             exc.add_note(f"raised loading the result of {key!r} from {holder} on {self.address}")
             reason = f"{self.address} cannot unpickle it: {type(exc).__name__}: {exc}"

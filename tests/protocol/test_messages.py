@@ -157,7 +157,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         run_id=2,
     ),
     m.AddKeys: m.AddKeys(keys=["r1", ("r", 2)], nbytes=[8, 16], stimulus_id="add-1"),
-    m.MissingData: m.MissingData(key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]),
+    m.MissingData: m.MissingData(
+        key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]
+    ),
     m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
     m.DataReply: m.DataReply(
         request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)], failed=[("c", "why")]
@@ -236,6 +238,28 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         error="cannot pin 'x': no such worker",
     ),
     m.EventsRequest: m.EventsRequest(request_id=23, topic="pins"),
+    m.Coordinate: m.Coordinate(
+        request_id=40,
+        kind="queue",
+        name="jobs",
+        op="put",
+        value=b"\x80\x05K\x01.",
+        key=("inc", 3),
+        number=2,
+        timeout=1.5,
+        token="lease-1",
+        stimulus_id="coordinate-40",
+    ),
+    m.CoordinateReply: m.CoordinateReply(
+        request_id=40,
+        ok=False,
+        value=b"\x80\x05K\x01.",
+        key="inc-1",
+        items=[(b"\x80\x05K\x02.", None), (None, ("x", 0))],
+        number=2,
+        timed_out=True,
+        error="a queue has no operation 'pop'",
+    ),
     m.ShuffleData: m.ShuffleData(
         request_id=24,
         id="abc",
@@ -438,9 +462,7 @@ def test_invalid_key_is_refused(bad_key):
         m.check_key(tuple(bad_key) if isinstance(bad_key, list) else bad_key)
 
 
-@pytest.mark.parametrize(
-    "key", [math.nan, ("x", math.nan), ("x", 1, ("y", (math.nan,)))], ids=repr
-)
+@pytest.mark.parametrize("key", [math.nan, ("x", math.nan), ("x", 1, ("y", (math.nan,)))], ids=repr)
 def test_nan_keys_are_refused(key):
     """NaN never equals itself: a task under such a key could never be found again (it
     held a thread forever). Refused when building a task, and when decoding one."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.scheduler.coordination import Coordination
 from shoal.core.scheduler.events import Events
 from shoal.core.scheduler.introspection import Introspection
 from shoal.core.scheduler.membership import (
@@ -79,6 +80,7 @@ class SchedulerState(
     Scaling,
     ShuffleCoordinator,
     Walltime,
+    Coordination,
 ):
     def __init__(
         self,
@@ -107,6 +109,7 @@ class SchedulerState(
         self._init_pins()
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
+        self._init_coordination()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -210,6 +213,7 @@ class SchedulerState(
             self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
         self._close_watches(cs)
         self.release_pins_of(f"client:{client_id}", stimulus_id, "its client left")
+        self._coordination_client_left(client_id, stimulus_id)  # its leases go with it
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -458,6 +462,7 @@ class SchedulerState(
         m.ReleasePin: Pins._pin_change,
         m.RenewPin: Pins._pin_change,
         m.ScaleRequest: Scaling._scale_request,
+        m.Coordinate: Coordination._coordinate,
     }
 
     # ------------------------------------------------------------------ events: workers

@@ -105,7 +105,8 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             else:
                 restricted.setdefault(ts.restrictions, []).append(ts)
         for cs in ts.who_wants:
-            check(ts in cs.wants and cs.id in state.clients, "who_wants vs client", ts)
+            known = cs.id in state.clients or cs is state.coordination_holder
+            check(ts in cs.wants and known, "who_wants vs client", ts)
         if st in ("released", "erred") and not ts.dependents:
             check(
                 bool(ts.who_wants or ts.waiters) or st == "erred" or ts in arriving,

@@ -41,6 +41,12 @@ OPS = {
     "pubsub": ("subscribe", "unsubscribe", "publish", "get"),
 }
 
+NEEDS_TOKEN = {  # a lease's or a subscription's id, chosen by the client
+    "lock": ("acquire", "release"),
+    "semaphore": ("acquire", "release"),
+    "pubsub": ("subscribe", "unsubscribe", "get"),
+}
+
 
 class Outcome:
     """What the scheduler must do after a request: send ``replies`` (client id, reply),
@@ -64,7 +70,17 @@ class Waiter:
     """A parked request, answered once (``done``) by a grant, a timeout or its
     client leaving."""
 
-    __slots__ = ("client", "request_id", "deadline", "token", "number", "item", "done")
+    __slots__ = (
+        "client",
+        "request_id",
+        "deadline",
+        "token",
+        "number",
+        "item",
+        "done",
+        "got",
+        "home",
+    )
 
     def __init__(self, client: str, msg: m.Coordinate, deadline: float, item: Item | None):
         self.client = client
@@ -74,6 +90,10 @@ class Waiter:
         self.number = msg.number
         self.item = item  # the value a blocked put waits to append
         self.done = False
+        # A batch get takes items as they come: those taken so far, and their queue
+        # (where they go back if the get times out or its client leaves).
+        self.got: list[Item] = []
+        self.home: Queue | None = None
 
 
 class Semaphore:
@@ -156,6 +176,7 @@ class CoordinationState:
             _, _, waiter = heapq.heappop(self._deadlines)
             if not waiter.done:
                 waiter.done = True
+                self._give_back(waiter)
                 out.replies.append((waiter.client, _reply(waiter, ok=False, timed_out=True)))
         if out.replies:
             self._prune_waiters()
@@ -177,8 +198,9 @@ class CoordinationState:
                     w.done = True
         for waiters in self._all_waiter_lists():
             for w in waiters:
-                if w.client == client:
+                if w.client == client and not w.done:
                     w.done = True
+                    self._give_back(w)
         for token in [t for t, s in self.subscriptions.items() if s.client == client]:
             self._unsubscribe(token, out)
         for sem in self.semaphores.values():
@@ -202,9 +224,7 @@ class CoordinationState:
             return f"a {msg.kind}'s name is a non-empty str, not {msg.name!r}"
         if msg.timeout is not None and not msg.timeout >= 0:
             return f"a timeout is a number of seconds >= 0 or None, not {msg.timeout!r}"
-        needs_token = {"lock": ("acquire", "release"), "semaphore": ("acquire", "release")}
-        needs_token["pubsub"] = ("subscribe", "unsubscribe", "get")
-        if msg.op in needs_token.get(msg.kind, ()) and not msg.token:
+        if msg.op in NEEDS_TOKEN.get(msg.kind, ()) and not msg.token:
             return f"a {msg.kind} {msg.op} needs a token (a lease's or a subscription's)"
         if msg.kind in ("lock", "semaphore") and msg.op == "acquire" and msg.number < 1:
             return f"a semaphore's max_leases is >= 1, not {msg.number}"
@@ -225,6 +245,12 @@ class CoordinationState:
             waiter.deadline = now + msg.timeout
             heapq.heappush(self._deadlines, (waiter.deadline, next(self._seq), waiter))
         return True
+
+    def _give_back(self, waiter: Waiter) -> None:
+        """A batch get that will not complete returns what it took, in order."""
+        if waiter.got and waiter.home is not None:
+            waiter.home.items.extendleft(reversed(waiter.got))
+            waiter.got = []
 
     def _hold(self, item: Item, out: Outcome) -> None:
         key = item[1]
@@ -438,12 +464,13 @@ class CoordinationState:
             self._serve_queue(q, out)
             return
         waiter = Waiter(client, msg, math.inf, None)
-        if not q.getters and len(q.items) >= max(1, int(msg.number)):
-            q.getters.append(waiter)
-            self._serve_queue(q, out)
-        elif self._park(waiter, msg, now, out):
-            q.getters.append(waiter)
-            self._serve_queue(q, out)  # a blocked put may fill it up to a batch
+        waiter.home = q
+        want = max(1, int(msg.number))
+        must_wait = bool(q.getters) or len(q.items) < want
+        if must_wait and not self._park(waiter, msg, now, out):
+            return  # a timeout of 0
+        q.getters.append(waiter)
+        self._serve_queue(q, out)
 
     def _queue_qsize(self, client: str, msg: m.Coordinate, now: float, out: Outcome) -> None:
         q = self.queues.get(msg.name)
@@ -466,20 +493,23 @@ class CoordinationState:
                 moved = True
             while q.getters and q.getters[0].done:
                 q.getters.popleft()
-            if q.getters:
+            if q.getters and q.items:  # the first getter takes what it still needs
                 getter = q.getters[0]
-                need = max(1, int(getter.number))
-                if len(q.items) >= need:
+                need = max(1, int(getter.number)) - len(getter.got)
+                while need and q.items:
+                    getter.got.append(q.items.popleft())
+                    need -= 1
+                moved = True
+                if not need:
                     q.getters.popleft()
                     getter.done = True
-                    items = [q.items.popleft() for _ in range(need)]
+                    items, getter.got = getter.got, []
                     if getter.number == 0:
                         self._hand(getter, getter.client, items[0], out)
                     else:  # a batch: always a list
                         self._hand_batch(getter, getter.client, items, out)
                     for item in items:
                         self._drop(item, out)
-                    moved = True
             if not moved:
                 return
 

@@ -4,6 +4,7 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 :class:`Client` submits work and gets :class:`Future` objects back.
 """
 
+from shoal.client.actors import Actor, ActorFuture
 from shoal.client.client import Client
 from shoal.client.coordination import Event, Lock, MultiLock, Pub, Queue, Semaphore, Sub, Variable
 from shoal.client.futures import CancelledError, Future, as_completed, wait
@@ -22,6 +23,8 @@ from shoal.shuffle import DiskShuffleRefused
 __version__ = "0.1.0"
 
 __all__ = [
+    "Actor",
+    "ActorFuture",
     "Adaptive",
     "CancelledError",
     "Client",

@@ -3,6 +3,8 @@
 import shoal
 
 EXPECTED = [
+    "Actor",
+    "ActorFuture",
     "Adaptive",
     "CancelledError",
     "Client",

@@ -58,6 +58,7 @@ _REPLIES = (
     m.ScaleReply,
     m.PluginReply,
     m.CoordinateReply,
+    m.ActorReply,
 )
 
 

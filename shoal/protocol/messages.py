@@ -37,7 +37,8 @@ import msgspec
 #    TaskSpec.duration (a task's expected duration, a hint), WorkerInfo.lifetime_left and
 #    tasks_left, TaskUnplaceable, WorkerLeaving.walltime.
 # 11: coordination primitives (Coordinate, CoordinateReply: locks, semaphores, events,
-#    variables, queues, publish/subscribe held by the scheduler).
+#    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
+#    ActorCall, ActorReply).
 PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -819,6 +820,33 @@ class CoordinateReply(Message):
     error: str = ""  # the request was refused: why
 
 
+class RegisterActor(Message):
+    """Client -> scheduler: these submitted keys are actors. While one is in memory its
+    worker is pinned (owner ``actor:<key>``): it cannot be retired or scaled down."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class ActorCall(Message):
+    """Client -> the worker holding actor ``key``: call its method ``name`` with the
+    pickled ``(args, kwargs)`` (``op`` "call"), or read its attribute ``name`` ("getattr").
+    Answered by ActorReply."""
+
+    request_id: int
+    key: Key
+    op: str
+    name: str
+    args: bytes | None = None
+
+
+class ActorReply(Message):
+    request_id: int
+    value: bytes | None = None  # the pickled result
+    error: bytes | None = None  # the pickled exception it raised
+    missing: bool = False  # this worker holds no actor of that key
+
+
 # ---------------------------------------------------------------- scaling: scale and adapt
 # A cluster (LocalCluster, a job-queue cluster) asks the scheduler what to do; the
 # scheduler decides (the adaptive policy and which workers to close are in the core).
@@ -975,6 +1003,9 @@ AnyMessage = (
     | LogEvent
     | Coordinate
     | CoordinateReply
+    | RegisterActor
+    | ActorCall
+    | ActorReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

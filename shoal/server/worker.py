@@ -68,6 +68,7 @@ from shoal.protocol.serialize import (
     loads_values,
     sizeof,
 )
+from shoal.server.actors import ActorServer
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
@@ -199,6 +200,7 @@ class Worker:
         self._close_done = asyncio.Event()  # close() has finished (threads joined, files gone)
         self._stimulus = itertools.count(1)
         self.shuffle = ShuffleService(self, DESERIALISE_LOCK)  # P2P shuffles' data here
+        self.actors = ActorServer(self)  # calls to the actors this worker holds
         # Shuffle tasks sent again while an execution of an older run still runs here:
         # fed in once it has ended, so that its result never answers the new run.
         self._deferred: dict[Any, m.ComputeTask] = {}
@@ -279,6 +281,7 @@ class Worker:
             for event in self._rejoins.values():  # let waiting threads end their tasks
                 event.set()
         self.shuffle.close()  # shuffle tasks that wait end
+        self.actors.close()
         for _ in threads:
             self._queue.put(None)
         if self._server is not None:
@@ -772,6 +775,8 @@ class Worker:
                 self._receive_data(conn, msg, bufs)
             elif type(msg) is m.ShuffleData:
                 self.shuffle.receive(conn, msg, bufs)
+            elif type(msg) is m.ActorCall:
+                self.actors.handle(conn, msg)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

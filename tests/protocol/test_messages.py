@@ -250,6 +250,11 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         token="lease-1",
         stimulus_id="coordinate-40",
     ),
+    m.RegisterActor: m.RegisterActor(keys=["Counter-1", ("A", 2)], stimulus_id="actor-1"),
+    m.ActorCall: m.ActorCall(
+        request_id=41, key="Counter-1", op="call", name="increment", args=b"\x80\x05."
+    ),
+    m.ActorReply: m.ActorReply(request_id=41, value=b"\x80\x05K\x01.", error=b"e", missing=True),
     m.CoordinateReply: m.CoordinateReply(
         request_id=40,
         ok=False,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scheduler_harness import Sim
 
 from shoal.core.scheduler.coordination import CoordinationState, Outcome
-from shoal.protocol.messages import Coordinate, CoordinateReply
+from shoal.protocol.messages import Coordinate, CoordinateReply, RegisterActor
 
 _rids = itertools.count(1)
 
@@ -279,3 +279,45 @@ def test_no_lease_outlives_its_holder_and_every_request_is_answered_once(steps):
     now += 10.0
     apply(c.expire(now))
     assert not pending, "a request was never answered"
+
+
+# ---------------------------------------------------------------------- actors' pins
+
+
+def test_an_actors_worker_is_pinned_while_its_key_is_in_memory():
+    sim = Sim(workers={"tcp://w1:1": 1, "tcp://w2:1": 1})
+    sim.submit({"actor-1": []})
+    sim.s.handle_client("c", RegisterActor(["actor-1"], "register"))
+    assert sim.s.pins == {}  # not in memory yet: nothing to pin
+    holder = sim.worker_of("actor-1")
+    sim.run_all()
+    (pin,) = sim.s.pins.values()
+    assert pin.workers == (holder,) and pin.owner == "actor:'actor-1'"
+    assert sim.s.is_pinned(holder)
+    sim.release("actor-1")
+    assert "actor-1" not in sim.s.tasks and sim.s.pins == {}
+    assert sim.s.actor_keys == {}
+
+
+def test_an_actor_registered_after_it_finished_is_pinned_at_once():
+    sim = Sim()
+    sim.submit({"a": []})
+    sim.run_all()
+    sim.s.handle_client("c", RegisterActor(["a", "unknown"], "register"))
+    (pin,) = sim.s.pins.values()
+    assert pin.owner == "actor:'a'"
+
+
+def test_an_actors_pin_goes_with_its_worker_and_comes_back_with_the_rerun():
+    sim = Sim(workers={"tcp://w1:1": 1, "tcp://w2:1": 1})
+    sim.submit({"a": []})
+    sim.s.handle_client("c", RegisterActor(["a"], "register"))
+    first = sim.worker_of("a")
+    sim.run_all()
+    sim.remove_worker(first)
+    assert sim.s.pins == {}  # the worker died: its pin went with it
+    second = sim.worker_of("a")  # the actor's task runs again elsewhere
+    assert second != first
+    sim.run_all()
+    (pin,) = sim.s.pins.values()
+    assert pin.workers == (second,)

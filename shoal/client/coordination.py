@@ -59,16 +59,21 @@ class _Primitive:
         self.name = name or f"{self.kind}-{uuid.uuid4().hex}"
         self.client = _client(client)
 
-    def _call(self, op: str, **fields: Any) -> Any:
-        """``op`` on the scheduler: the reply (awaitable on an asynchronous client)."""
-        return self.client._run(self._request(op, **fields))
+    def _call(self, op: str, hold: Any = None, **fields: Any) -> Any:
+        """``op`` on the scheduler: the reply (awaitable on an asynchronous client).
+        ``hold``: a future whose key is sent, kept alive until the scheduler holds it
+        (``var.set(client.submit(...))`` drops the only reference at once)."""
+        return self.client._run(self._request(op, hold, **fields))
 
-    async def _request(self, op: str, **fields: Any) -> m.CoordinateReply:
+    async def _request(self, op: str, hold: Any = None, **fields: Any) -> m.CoordinateReply:
         client = self.client
         conn = client._conn
         if conn is None or conn.closed:
             raise RuntimeError("the client is closed")
         sid = f"{self.kind}-{op}-{client.id}"
+        # Messages queued before this one (the submission of a future being stored)
+        # must reach the scheduler first.
+        client._flush_outbox()
         reply, _ = await conn.request(
             lambda rid: m.Coordinate(rid, self.kind, self.name, op, stimulus_id=sid, **fields)
         )
@@ -89,7 +94,7 @@ class _Primitive:
 
     def _encode(self, value: Any) -> dict[str, Any]:
         if isinstance(value, Future):
-            return {"key": value.key}
+            return {"key": value.key, "hold": value}
         return {"value": cloudpickle.dumps(value)}
 
     def _decode(self, value: bytes | None, key: Any) -> Any:
@@ -101,6 +106,18 @@ class _Primitive:
             return future
         assert value is not None
         return cloudpickle.loads(value)
+
+    def __await__(self) -> Any:
+        """``await Primitive(...)`` on an asynchronous client: the primitive, ready."""
+
+        async def ready() -> _Primitive:
+            await self._setup()
+            return self
+
+        return ready().__await__()
+
+    async def _setup(self) -> None:
+        """What a synchronous client does in ``__init__`` (create, subscribe)."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.name}>"
@@ -340,8 +357,11 @@ class Queue(_Primitive):
         self.maxsize = maxsize
         if not self.client.asynchronous:
             self._call("create", number=maxsize)
-        # An asynchronous client creates it with the first put or get (unbounded
-        # unless created elsewhere): __init__ cannot await.
+        # An asynchronous client creates it on ``await Queue(...)`` (__init__ cannot
+        # await); without that, the first put or get creates it unbounded.
+
+    async def _setup(self) -> None:
+        await self._request("create", number=self.maxsize)
 
     def put(self, value: Any, timeout: float | None = None) -> Any:
         timeout = _check_timeout(timeout)
@@ -403,7 +423,7 @@ class Sub(_Primitive):
     """Subscribe to topic ``name`` (from now on): ``get(timeout)`` (TimeoutError when it
     runs out), iteration, ``close()``. The subscription ends with ``close`` or when its
     client leaves. Synchronous clients subscribe on creation; asynchronous ones on
-    ``await sub.subscribe()``."""
+    ``await Sub(...)``."""
 
     kind = "pubsub"
 
@@ -416,6 +436,9 @@ class Sub(_Primitive):
 
     def subscribe(self) -> Any:
         return self._then(self._call("subscribe", token=self.token), lambda reply: None)
+
+    async def _setup(self) -> None:
+        await self._request("subscribe", token=self.token)
 
     def get(self, timeout: float | None = None) -> Any:
         timeout = _check_timeout(timeout)

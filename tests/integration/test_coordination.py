@@ -6,6 +6,7 @@ processes import them by name."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -281,3 +282,40 @@ def test_pub_sub_reaches_current_subscribers(client: Client) -> None:
     assert Pub("news").put("x") == 2
     assert early.get(timeout=10) == "x"
     assert late.get(timeout=10) == "x"
+
+
+def test_primitives_on_an_asynchronous_client(cluster: LocalCluster) -> None:
+    async def main() -> None:
+        async with Client(cluster.scheduler_address, asynchronous=True, timeout=30) as c:
+            queue = await Queue("async-jobs", client=c, maxsize=1)
+            await queue.put(1)
+            with pytest.raises(TimeoutError):
+                await queue.put(2, timeout=0.1)  # maxsize 1: full
+            assert await queue.get() == 1
+            lock = Lock("async-lock", client=c)
+            async with lock:
+                assert await lock.locked()
+            assert not await lock.locked()
+            var = Variable("async-var", client=c)
+            await var.set(c.submit(make_block, 3, key="async-block"))
+            future = await var.get()
+            assert await future == [0, 1, 2]
+            sub = await Sub("async-topic", client=c)
+            assert await Pub("async-topic", client=c).put("hi") == 1
+            assert await sub.get(timeout=10) == "hi"
+            event = Event("async-event", client=c)
+            assert await event.wait(0.1) is False
+            await event.set()
+            assert await event.wait(5) is True
+
+    asyncio.run(main())
+
+
+def test_a_future_put_without_another_reference_stays_alive(client: Client) -> None:
+    queue = Queue("futures", client=client)
+    queue.put(client.submit(make_block, 4, key="block-4"))  # the only reference, dropped
+    var = Variable("inline", client=client)
+    var.set(client.submit(make_block, 2, key="block-2"))
+    time.sleep(0.5)
+    assert queue.get(timeout=30).result(timeout=30) == [0, 1, 2, 3]
+    assert var.get(timeout=30).result(timeout=30) == [0, 1]

@@ -321,3 +321,54 @@ def test_an_actors_pin_goes_with_its_worker_and_comes_back_with_the_rerun():
     sim.run_all()
     (pin,) = sim.s.pins.values()
     assert pin.workers == (second,)
+
+
+scheduler_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "release", "put", "get", "set", "leave", "join", "tick"]),
+        st.sampled_from(["c", "d", "e"]),
+        st.integers(0, 3),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(scheduler_steps)
+def test_in_the_scheduler_no_lease_or_held_future_breaks_an_invariant(steps):
+    """Clients come and go while taking leases and passing futures through a queue and
+    a variable; the scheduler's validation (on after every event) checks that no lease
+    outlives its client and that every key a primitive holds is alive and wanted."""
+    sim = Sim(clients=("c", "d", "e"))
+    keys = [f"k{i}" for i in range(4)]
+    sim.submit({k: [] for k in keys})
+    sim.run_all()
+    now = 0.0
+    for op, client, i in steps:
+        if op == "tick":
+            now += 1.0
+            sim.s.tick(now)
+            continue
+        if op == "join":
+            sim.s.add_client(client)
+            continue
+        if client not in sim.s.clients:
+            continue
+        if op == "leave":
+            sim.s.remove_client(client, f"leave-{client}")
+        elif op == "acquire":
+            msg = req("semaphore", "S", "acquire", token=f"{client}-{i}", number=2, timeout=1.5)
+            sim.s.handle_client(client, msg)
+        elif op == "release":
+            sim.s.handle_client(client, req("semaphore", "S", "release", token=f"{client}-{i}"))
+        elif op in ("put", "set") and keys[i] in sim.s.tasks:
+            kind = "queue" if op == "put" else "variable"
+            sim.s.handle_client(client, req(kind, "Q", op, key=keys[i]))
+        elif op == "get":
+            sim.s.handle_client(client, req("queue", "Q", "get", timeout=0.5))
+        sim.s.validate_state()
+    for client in list(sim.s.clients):
+        sim.s.remove_client(client, "end")
+    sim.s.validate_state()
+    held = set(sim.s.coordination.key_refs)
+    assert set(sim.s.tasks) == held  # only what the primitives still hold is kept

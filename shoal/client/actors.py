@@ -89,7 +89,7 @@ class Actor:
         conn = await client._worker_conns.get(self._address)
         reply, _ = await conn.request(lambda rid: m.ActorCall(rid, self._key, op, name, args))
         assert isinstance(reply, m.ActorReply)
-        if reply.missing:
+        if reply.no_actor:
             raise ValueError(f"worker {self._address} holds no actor {self._key!r} (released?)")
         if reply.error is not None:
             raise cloudpickle.loads(reply.error)

@@ -844,7 +844,7 @@ class ActorReply(Message):
     request_id: int
     value: bytes | None = None  # the pickled result
     error: bytes | None = None  # the pickled exception it raised
-    missing: bool = False  # this worker holds no actor of that key
+    no_actor: bool = False  # this worker holds no actor of that key
 
 
 # ---------------------------------------------------------------- scaling: scale and adapt

@@ -44,7 +44,7 @@ class ActorServer:
         try:
             instance = data[msg.key]
         except KeyError:
-            return m.ActorReply(msg.request_id, missing=True)
+            return m.ActorReply(msg.request_id, no_actor=True)
         try:
             if msg.op == "getattr":
                 value: Any = getattr(instance, msg.name)

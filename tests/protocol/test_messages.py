@@ -254,7 +254,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.ActorCall: m.ActorCall(
         request_id=41, key="Counter-1", op="call", name="increment", args=b"\x80\x05."
     ),
-    m.ActorReply: m.ActorReply(request_id=41, value=b"\x80\x05K\x01.", error=b"e", missing=True),
+    m.ActorReply: m.ActorReply(request_id=41, value=b"\x80\x05K\x01.", error=b"e", no_actor=True),
     m.CoordinateReply: m.CoordinateReply(
         request_id=40,
         ok=False,

@@ -73,9 +73,7 @@ def test_a_dependent_running_on_a_removed_worker_goes_to_another():
     sim.remove_worker(where, sid="gone")
     assert sim.worker_of("c") == other
     assert sim.to_worker(other) == [
-        ComputeTask(
-            "c", "f", ARGS, sim.ts("c").priority, [DepInfo("a", 10, [other])], "gone", run_id=2
-        )
+        ComputeTask("c", "f", ARGS, sim.ts("c").priority, [DepInfo("a", 10, [other])], "gone", run_id=2)
     ]
 
 

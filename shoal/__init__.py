@@ -4,7 +4,9 @@ A scheduler keeps the task graph, workers run tasks and hold results, and a
 :class:`Client` submits work and gets :class:`Future` objects back.
 """
 
+from shoal.client.actors import Actor, ActorFuture
 from shoal.client.client import Client
+from shoal.client.coordination import Event, Lock, MultiLock, Pub, Queue, Semaphore, Sub, Variable
 from shoal.client.datasets import fire_and_forget
 from shoal.client.futures import CancelledError, Future, as_completed, wait
 from shoal.client.pins import Pin
@@ -22,20 +24,30 @@ from shoal.shuffle import DiskShuffleRefused
 __version__ = "0.1.0"
 
 __all__ = [
+    "Actor",
+    "ActorFuture",
     "Adaptive",
     "CancelledError",
     "Client",
     "DiskShuffleRefused",
+    "Event",
     "Future",
     "KilledWorker",
     "LocalCluster",
+    "Lock",
+    "MultiLock",
     "NannyPlugin",
     "Pin",
     "PluginError",
+    "Pub",
+    "Queue",
     "SchedulerPlugin",
     "Security",
+    "Semaphore",
     "SerializationError",
+    "Sub",
     "TaskInterrupted",
+    "Variable",
     "WorkerPlugin",
     "__version__",
     "as_completed",

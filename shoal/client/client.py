@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shoal.client import collections
+from shoal.client.actors import check_actor_class, make_actor_futures
 from shoal.client.cluster_info import ClusterInfo
 from shoal.client.construction import (
     ConstructionMixin,
@@ -460,6 +461,7 @@ class Client(
         resources: Any = None,
         allow_other_workers: bool = False,
         duration: Any = None,
+        actor: bool = False,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are
@@ -472,16 +474,21 @@ class Client(
         worker while the task runs; only workers that declared enough run it, never
         more such tasks at once than they have. ``duration``: how long it is expected
         to run (``"4h"``, ``"30s"``, seconds): not started on a worker whose remaining
-        lifetime is shorter (``shoal worker --lifetime``)."""
+        lifetime is shorter (``shoal worker --lifetime``). ``actor=True``: ``func`` is a
+        class whose instance stays on its worker (see ``shoal/client/actors.py``)."""
         restrictions = task_restrictions(workers, allow_other_workers, resources)
         hint = duration_hint(duration)
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
+        if actor:
+            check_actor_class(func)
+        pure = pure and not actor  # each actor is a new instance
         spec = self._task_spec(
             func, args, kwargs, key, pure, retries, priority, group="", restrictions=restrictions
         )
         spec.duration = hint
-        return self._submit([spec], [spec.key])[0]
+        futures = self._submit([spec], [spec.key])
+        return make_actor_futures(self, futures, func)[0] if actor else futures[0]
 
     def map(
         self,
@@ -495,6 +502,7 @@ class Client(
         resources: Any = None,
         allow_other_workers: bool = False,
         duration: Any = None,
+        actor: bool = False,
         **kwargs: Any,
     ) -> list[Future]:
         """``submit`` for each element of the iterables, in one message. ``key``: a
@@ -505,6 +513,9 @@ class Client(
         if not callable(func):
             raise TypeError(f"map needs a callable, got {type(func).__name__}")
         arglists = list(zip(*iterables))
+        if actor:
+            check_actor_class(func)
+        pure = pure and not actor
         name = key if isinstance(key, str) else _funcname(func)
         keys = key if isinstance(key, list) else None
         if keys is not None and len(keys) != len(arglists):
@@ -528,7 +539,8 @@ class Client(
         if hint is not None:
             for spec in specs:
                 spec.duration = hint
-        return self._submit(specs, [s.key for s in specs])
+        futures = self._submit(specs, [s.key for s in specs])
+        return list(make_actor_futures(self, futures, func)) if actor else futures
 
     def _task_spec(
         self,

@@ -59,6 +59,8 @@ _REPLIES = (
     m.PluginReply,
     m.RunReply,
     m.DatasetReply,
+    m.CoordinateReply,
+    m.ActorReply,
 )
 
 

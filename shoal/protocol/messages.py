@@ -39,7 +39,10 @@ import msgspec
 # 11: more of Dask's Client (RunFunction, RunReply, FireAndForget, PublishDataset,
 #    DatasetRequest, DatasetReply, RestartRequest, RetryKeys, ReplicateKeys); work
 #    stealing (StealRequest, StealReply); task output forwarded to clients (TaskOutput,
-#    ForwardOutput); ScaleRequest.replace_ahead.
+#    ForwardOutput); ScaleRequest.replace_ahead;
+#    coordination primitives (Coordinate, CoordinateReply: locks, semaphores, events,
+#    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
+#    ActorCall, ActorReply).
 PROTOCOL_VERSION = 11
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -824,6 +827,68 @@ class EventsReply(Message):
     events: dict[str, list[tuple[float, dict[str, Any]]]]  # topic -> (timestamp, data)
 
 
+# ---------------------------------------------------------------- coordination primitives
+
+
+class Coordinate(Message):
+    """Client -> scheduler: one operation ``op`` on the primitive ``kind`` called
+    ``name`` (see ``shoal/core/scheduler/coordination.py``). ``value`` is opaque
+    pickled bytes, or ``key`` names a future whose data the primitive keeps alive.
+    ``number``: a semaphore's max_leases, a queue's maxsize, a get's batch size (0: one
+    item, -1: all there are). ``timeout``: seconds to wait (None: no limit, 0: do not
+    wait). ``token``: a lease or subscription id chosen by the client. Answered by
+    CoordinateReply, possibly much later (a blocked acquire or get)."""
+
+    request_id: int
+    kind: str
+    name: str
+    op: str
+    value: bytes | None = None
+    key: Key | None = None
+    number: int = 0
+    timeout: float | None = None
+    token: str = ""
+    stimulus_id: str = ""
+
+
+class CoordinateReply(Message):
+    request_id: int
+    ok: bool = True  # False: not acquired / not released / event not set / timed out
+    value: bytes | None = None
+    key: Key | None = None
+    items: list[tuple[bytes | None, Key | None]] = []  # a batch get
+    number: int = 0  # a count: leases held, queue size, subscribers reached
+    timed_out: bool = False
+    error: str = ""  # the request was refused: why
+
+
+class RegisterActor(Message):
+    """Client -> scheduler: these submitted keys are actors. While one is in memory its
+    worker is pinned (owner ``actor:<key>``): it cannot be retired or scaled down."""
+
+    keys: list[Key]
+    stimulus_id: str = ""
+
+
+class ActorCall(Message):
+    """Client -> the worker holding actor ``key``: call its method ``name`` with the
+    pickled ``(args, kwargs)`` (``op`` "call"), or read its attribute ``name`` ("getattr").
+    Answered by ActorReply."""
+
+    request_id: int
+    key: Key
+    op: str
+    name: str
+    args: bytes | None = None
+
+
+class ActorReply(Message):
+    request_id: int
+    value: bytes | None = None  # the pickled result
+    error: bytes | None = None  # the pickled exception it raised
+    no_actor: bool = False  # this worker holds no actor of that key
+
+
 # ---------------------------------------------------------------- scaling: scale and adapt
 # A cluster (LocalCluster, a job-queue cluster) asks the scheduler what to do; the
 # scheduler decides (the adaptive policy and which workers to close are in the core).
@@ -1080,6 +1145,11 @@ AnyMessage = (
     | RestartRequest
     | RetryKeys
     | ReplicateKeys
+    | Coordinate
+    | CoordinateReply
+    | RegisterActor
+    | ActorCall
+    | ActorReply
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -30,6 +30,7 @@ from shoal.plugins.scheduler import SchedulerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 from shoal.server import remote_run
+from shoal.server.coordination import DeadlineTimer
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -104,6 +105,7 @@ class Scheduler:
         self._progress_pusher: asyncio.Task[None] | None = None
         self._balancer: asyncio.Task[None] | None = None
         self.plugins = SchedulerPlugins(self)  # shoal/plugins/scheduler.py
+        self._deadlines = DeadlineTimer(self.state, self._sid)  # coordination timeouts
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -161,6 +163,7 @@ class Scheduler:
         for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
             if task is not None:
                 task.cancel()
+        self._deadlines.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
             conn.close()
         self._closed.set()
@@ -307,6 +310,7 @@ class Scheduler:
             self.state.handle_client(client_id, *batch)
         except TypeError as e:
             raise ProtocolError(str(e)) from None
+        self._deadlines.arm()
         if self.plugins.watching_graphs:
             self.plugins.update_graph(client_id, batch)
 

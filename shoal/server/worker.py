@@ -70,6 +70,7 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server import remote_run
+from shoal.server.actors import ActorServer
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
@@ -208,6 +209,7 @@ class Worker:
         self._close_done = asyncio.Event()  # close() has finished (threads joined, files gone)
         self._stimulus = itertools.count(1)
         self.shuffle = ShuffleService(self, DESERIALISE_LOCK)  # P2P shuffles' data here
+        self.actors = ActorServer(self)  # calls to the actors this worker holds
         # Shuffle tasks sent again while an execution of an older run still runs here:
         # fed in once it has ended, so that its result never answers the new run.
         self._deferred: dict[Any, m.ComputeTask] = {}
@@ -294,6 +296,7 @@ class Worker:
             for event in self._rejoins.values():  # let waiting threads end their tasks
                 event.set()
         self.shuffle.close()  # shuffle tasks that wait end
+        self.actors.close()
         for _ in threads:
             self._queue.put(None)
         if self._server is not None:
@@ -770,7 +773,9 @@ class Worker:
             exc: Exception = SerializationError(
                 f"the result of {key!r} cannot be sent from {holder} to {self.address}: {reason}"
             )
-            failed[key] = TransferError(f"{holder} cannot pickle it: {reason}", dumps_exception(exc))
+            failed[key] = TransferError(
+                f"{holder} cannot pickle it: {reason}", dumps_exception(exc)
+            )
         for key, exc in unloadable.items():
             exc.add_note(f"raised loading the result of {key!r} from {holder} on {self.address}")
             reason = f"{self.address} cannot unpickle it: {type(exc).__name__}: {exc}"
@@ -803,6 +808,8 @@ class Worker:
                 self.shuffle.receive(conn, msg, bufs)
             elif type(msg) is m.RunFunction:  # client.run
                 remote_run.answer(conn, msg, "dask_worker", self)
+            elif type(msg) is m.ActorCall:
+                self.actors.handle(conn, msg)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

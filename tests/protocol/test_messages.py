@@ -242,6 +242,33 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         error="cannot pin 'x': no such worker",
     ),
     m.EventsRequest: m.EventsRequest(request_id=23, topic="pins"),
+    m.Coordinate: m.Coordinate(
+        request_id=40,
+        kind="queue",
+        name="jobs",
+        op="put",
+        value=b"\x80\x05K\x01.",
+        key=("inc", 3),
+        number=2,
+        timeout=1.5,
+        token="lease-1",
+        stimulus_id="coordinate-40",
+    ),
+    m.RegisterActor: m.RegisterActor(keys=["Counter-1", ("A", 2)], stimulus_id="actor-1"),
+    m.ActorCall: m.ActorCall(
+        request_id=41, key="Counter-1", op="call", name="increment", args=b"\x80\x05."
+    ),
+    m.ActorReply: m.ActorReply(request_id=41, value=b"\x80\x05K\x01.", error=b"e", no_actor=True),
+    m.CoordinateReply: m.CoordinateReply(
+        request_id=40,
+        ok=False,
+        value=b"\x80\x05K\x01.",
+        key="inc-1",
+        items=[(b"\x80\x05K\x02.", None), (None, ("x", 0))],
+        number=2,
+        timed_out=True,
+        error="a queue has no operation 'pop'",
+    ),
     m.ShuffleData: m.ShuffleData(
         request_id=24,
         id="abc",

@@ -62,6 +62,7 @@ class Events:
     if TYPE_CHECKING:
 
         def expire_pins(self, now: float, stimulus_id: str) -> None: ...
+        def expire_coordination(self, now: float, stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
 
     def _init_events(self, maxlen: int = DEFAULT_EVENTS_PER_TOPIC) -> None:
@@ -86,6 +87,7 @@ class Events:
         self.wall_time = now
         pins_before = len(self.pins)
         self.expire_pins(now, stimulus_id or "tick")
+        self.expire_coordination(now, stimulus_id or "tick")  # waiters past their deadline
         if len(self.pins) != pins_before:
             self._done(stimulus_id or "tick")  # validated, as after any event
 

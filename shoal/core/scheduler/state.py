@@ -16,6 +16,8 @@ from typing import Any
 
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
+from shoal.core.scheduler.actors import Actors
+from shoal.core.scheduler.coordination import Coordination
 from shoal.core.scheduler.datasets import Datasets
 from shoal.core.scheduler.events import Events
 from shoal.core.scheduler.introspection import Introspection
@@ -89,6 +91,8 @@ class SchedulerState(
     Replication,
     Stealing,
     OutputRouting,
+    Coordination,
+    Actors,
 ):
     def __init__(
         self,
@@ -120,6 +124,8 @@ class SchedulerState(
         self._init_scaling()
         self._init_shuffles()  # after pins: it registers its pin owners
         self._init_stealing(stealing)
+        self._init_coordination()
+        self._init_actors()  # after pins: it registers its pin owners
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -157,7 +163,10 @@ class SchedulerState(
         if func is not None:
             self._record_transition((ts.key, start, finish, stimulus_id))
             self.transition_counter += 1
-            return func(ts, stimulus_id, **kwargs)
+            recs = func(ts, stimulus_id, **kwargs)
+            if self._actor_ids and ts.key in self._actor_ids:  # its worker's pin follows it
+                self._actor_transition(ts, start, stimulus_id)
+            return recs
         # Two-step paths through "released" (e.g. memory -> forgotten).
         if (start, "released") in self._table and ("released", finish) in self._table:
             recs = self._transition(ts, "released", stimulus_id)
@@ -225,6 +234,7 @@ class SchedulerState(
             self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
         self._close_watches(cs)
         self.release_pins_of(f"client:{client_id}", stimulus_id, "its client left")
+        self._coordination_client_left(client_id, stimulus_id)  # its leases go with it
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -482,6 +492,8 @@ class SchedulerState(
         m.RenewPin: Pins._pin_change,
         m.ScaleRequest: Scaling._scale_request,
         m.ForwardOutput: OutputRouting._forward_output,
+        m.Coordinate: Coordination._coordinate,
+        m.RegisterActor: Actors._register_actor,
     }
 
     # ------------------------------------------------------------------ events: workers

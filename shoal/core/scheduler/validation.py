@@ -105,7 +105,8 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             else:
                 restricted.setdefault(ts.restrictions, []).append(ts)
         for cs in ts.who_wants:
-            check(ts in cs.wants and cs.id in state.clients, "who_wants vs client", ts)
+            known = cs.id in state.clients or cs is state.coordination_holder
+            check(ts in cs.wants and known, "who_wants vs client", ts)
         if st in ("released", "erred") and not ts.dependents:
             check(
                 bool(ts.who_wants or ts.waiters) or st == "erred" or ts in arriving,
@@ -209,6 +210,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")
     _check_watches(state, check)
     _check_pins(state, check)
+    _check_coordination(state, check)
     workers = state.workers.values()
     check(state.total_nbytes == sum(ws.nbytes for ws in workers), "total nbytes")
     check(state.total_threads == sum(ws.nthreads for ws in workers), "total threads")
@@ -230,6 +232,22 @@ def _check_watches(state: SchedulerState, check: Callable[..., None]) -> None:
             done = sum(c[1] + c[2] for c in watch.counts.values()) + watch.forgotten
             total = sum(c[0] for c in watch.counts.values())
             check(done + watch.left == total, f"{what}: counts {watch.counts}")
+
+
+def _check_coordination(state: SchedulerState, check: Callable[..., None]) -> None:
+    """Every key a primitive holds is wanted by the primitives' holder; no lease or
+    subscription outlives its client."""
+    holder = state.coordination_holder
+    check(
+        set(holder.wants) == {state.tasks.get(k) for k in state.coordination.key_refs},
+        "keys held by primitives vs the holder's wants",
+    )
+    for (kind, name), sem in state.coordination.semaphores.items():
+        check(len(sem.leases) <= sem.max_leases, f"{kind} {name!r}: too many leases")
+        for token, client in sem.leases.items():
+            check(client in state.clients, f"{kind} {name!r}: lease {token} outlived {client}")
+    for token, sub in state.coordination.subscriptions.items():
+        check(sub.client in state.clients, f"subscription {token} outlived {sub.client}")
 
 
 def _check_pins(state: SchedulerState, check: Callable[..., None]) -> None:

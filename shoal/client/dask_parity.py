@@ -16,9 +16,10 @@ UNIMPLEMENTED: dict[str, str] = {
     "benchmark_hardware": "not planned: Dask's disk/memory/network micro-benchmarks",
     "get_versions": "every process runs one shoal and the handshake checks the protocol "
     "version; no package-version inventory yet",
-    # task output: part C of issue 14
-    "forward_logging": "task output forwarding is issue 14 part C",
-    "unforward_logging": "task output forwarding is issue 14 part C",
+    # task output: forwarded by default, every record of every logger
+    "forward_logging": "tasks' print, warnings and logging records already reach the client "
+    "(Client(forward_output=False) turns it off); no per-logger choice",
+    "unforward_logging": "see forward_logging: Client(forward_output=False) for all of it",
     # events and metadata
     "log_event": "clients cannot write to the scheduler's event log yet (plugins can)",
     "subscribe_topic": "no push of event-log topics to clients yet (get_events polls)",

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import child_env
 
 from shoal import (
     Client,
@@ -173,6 +172,10 @@ def test_semaphore_lease_released_when_its_worker_is_killed() -> None:
 def test_semaphore_lease_released_when_its_client_process_dies(
     cluster: LocalCluster, client: Client
 ) -> None:
+    # Imported here, not at the top: worker processes import this module for its task
+    # functions, and there "conftest" may name another test directory's conftest.
+    from conftest import child_env
+
     env = child_env()
     env.update(cluster.security.to_env())
     sem = Semaphore(max_leases=2, name="two-at-a-time")

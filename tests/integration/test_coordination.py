@@ -17,6 +17,13 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from conftest import child_env  # this directory's, as pytest imports this module
+except ImportError:
+    # A worker process importing this module for its task functions: there "conftest"
+    # may be another test directory's (the first on its path), without child_env.
+    child_env = None  # type: ignore[assignment]
+
 from shoal import (
     Client,
     Event,
@@ -172,10 +179,7 @@ def test_semaphore_lease_released_when_its_worker_is_killed() -> None:
 def test_semaphore_lease_released_when_its_client_process_dies(
     cluster: LocalCluster, client: Client
 ) -> None:
-    # Imported here, not at the top: worker processes import this module for its task
-    # functions, and there "conftest" may name another test directory's conftest.
-    from conftest import child_env
-
+    assert child_env is not None
     env = child_env()
     env.update(cluster.security.to_env())
     sem = Semaphore(max_leases=2, name="two-at-a-time")

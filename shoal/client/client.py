@@ -64,6 +64,7 @@ logger = logging.getLogger("shoal.client")
 _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
     *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply, m.DatasetReply),
+    m.TaskStreamReply,
 )
 T = TypeVar("T")
 # Clients of this process that may be connected: closed at exit before the clusters

@@ -55,6 +55,7 @@ _REPLIES = (
     m.GroupsReply,
     m.PinReply,
     m.EventsReply,
+    m.TaskStreamReply,
     m.ScaleReply,
     m.PluginReply,
     m.RunReply,

@@ -43,7 +43,8 @@ import msgspec
 #    coordination primitives (Coordinate, CoordinateReply: locks, semaphores, events,
 #    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
 #    ActorCall, ActorReply).
-PROTOCOL_VERSION = 11
+# 12: the task stream (TaskStreamRequest, TaskStreamReply, TaskStreamRecord).
+PROTOCOL_VERSION = 12
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -815,6 +816,35 @@ class PinReply(Message):
     error: str = ""  # the request was refused: why (an unknown worker, a bad lease)
 
 
+class TaskStreamRecord(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """One finished execution of a task (see ``core/scheduler/task_stream.py``).
+    ``start``/``stop`` are the worker's wall clock (seconds since the epoch)."""
+
+    key: Key
+    prefix: str
+    group: str
+    worker: str
+    start: float
+    stop: float
+    status: str  # "memory" or "erred"
+    nbytes: int = 0
+
+
+class TaskStreamRequest(Message):
+    """Client -> scheduler: the task stream records after ``cursor`` (0: all kept), at
+    most ``limit`` of them (the newest)."""
+
+    request_id: int
+    cursor: int = 0
+    limit: int | None = None
+
+
+class TaskStreamReply(Message):
+    request_id: int
+    cursor: int  # to ask from next time
+    records: list[TaskStreamRecord] = []
+
+
 class EventsRequest(Message):
     """Client -> scheduler: the structured events of ``topic``, or of every topic."""
 
@@ -1130,6 +1160,8 @@ AnyMessage = (
     | PinReply
     | EventsRequest
     | EventsReply
+    | TaskStreamRequest
+    | TaskStreamReply
     | ScaleRequest
     | ScaleReply
     | RegisterPlugin

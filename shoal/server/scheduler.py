@@ -42,7 +42,10 @@ def client_heartbeat_interval(n_clients: int) -> float:
 
 
 # Answered by the server from the core's records, between the batches of the core.
-_QUERIES = (m.WhoHasRequest, m.InfoRequest, m.GroupsRequest, m.Heartbeat, m.EventsRequest)
+_QUERIES = (
+    *(m.WhoHasRequest, m.InfoRequest, m.GroupsRequest, m.Heartbeat, m.EventsRequest),
+    m.TaskStreamRequest,
+)
 _PLUGIN_REQUESTS = (m.RegisterPlugin, m.UnregisterPlugin)  # answered by self.plugins
 
 PROGRESS_INTERVAL = 0.2  # seconds between two counts of one progress watch, at most
@@ -316,7 +319,12 @@ class Scheduler:
 
     def _answer(
         self,
-        msg: m.WhoHasRequest | m.InfoRequest | m.GroupsRequest | m.Heartbeat | m.EventsRequest,
+        msg: m.WhoHasRequest
+        | m.InfoRequest
+        | m.GroupsRequest
+        | m.Heartbeat
+        | m.EventsRequest
+        | m.TaskStreamRequest,
     ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
             return m.HeartbeatReply(msg.request_id, client_heartbeat_interval(len(self._clients)))
@@ -326,6 +334,9 @@ class Scheduler:
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
         if isinstance(msg, m.EventsRequest):
             return m.EventsReply(msg.request_id, self.state.get_events(msg.topic))
+        if isinstance(msg, m.TaskStreamRequest):
+            cursor, records = self.state.task_stream.since(msg.cursor, msg.limit)
+            return m.TaskStreamReply(msg.request_id, cursor, records)
         # Any page is answered (empty past the end, from 0 for a negative start), and
         # never sliced with numbers the slicing cannot take (a start of 2**62).
         n = len(self.state.workers)

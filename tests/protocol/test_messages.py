@@ -242,6 +242,16 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         error="cannot pin 'x': no such worker",
     ),
     m.EventsRequest: m.EventsRequest(request_id=23, topic="pins"),
+    m.TaskStreamRequest: m.TaskStreamRequest(request_id=24, cursor=7, limit=100),
+    m.TaskStreamReply: m.TaskStreamReply(
+        request_id=24,
+        cursor=8,
+        records=[
+            m.TaskStreamRecord(
+                ("inc-ab", 3), "inc", "inc-ab", "tcp://10.0.0.2:4000", 1.5, 2.0, "memory", 28
+            )
+        ],
+    ),
     m.Coordinate: m.Coordinate(
         request_id=40,
         kind="queue",

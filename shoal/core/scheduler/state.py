@@ -47,6 +47,7 @@ from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.restart import Restart
 from shoal.core.scheduler.scaling import Scaling
 from shoal.core.scheduler.stealing import Stealing
+from shoal.core.scheduler.task_stream import TaskStream
 from shoal.core.scheduler.validation import validate_scheduler_state
 from shoal.core.scheduler.walltime import Walltime
 from shoal.core.story import InvalidTransition, StoryLog
@@ -114,6 +115,7 @@ class SchedulerState(
         # decoded copy would cost ~73 bytes per task.
         self._function_ids: dict[Any, Any] = {}  # shared copies of ids and id tuples
         self.log = StoryLog()
+        self.task_stream = TaskStream()
         self._init_placement()
         self._init_walltime()
         self._init_membership(allowed_failures, worker_ttl)
@@ -751,6 +753,18 @@ class SchedulerState(
             duration = msg.stop - msg.start
             ts.group.add_duration(duration)
             ts.prefix.add_duration(duration)
+            self.task_stream.add(
+                m.TaskStreamRecord(
+                    ts.key,
+                    ts.prefix.name,
+                    ts.group.name,
+                    ws.address,
+                    msg.start,
+                    msg.stop,
+                    "memory",
+                    msg.nbytes,
+                )
+            )
         ts.type_name = msg.type_name
         self._add_replica(ts, ws, msg.nbytes)
         ts.state = "memory"
@@ -808,10 +822,11 @@ class SchedulerState(
     def _transition_processing_erred(
         self, ts: TaskState, stimulus_id: str, msg: m.TaskErred | None = None
     ) -> Recs:
+        worker = None
         if msg is None:  # a dependency failed while this ran: the blame is already set
             self._release_compute(ts, stimulus_id)
         else:
-            self._remove_processing(ts)
+            worker = self._remove_processing(ts)
             ts.exception = msg.exception
             ts.traceback = msg.traceback
             # A dependency whose data could not be had is to blame, if still known.
@@ -820,6 +835,18 @@ class SchedulerState(
         if msg is not None and msg.stop > msg.start:
             ts.group.add_duration(msg.stop - msg.start)
             ts.prefix.add_duration(msg.stop - msg.start)
+            if worker is not None:
+                self.task_stream.add(
+                    m.TaskStreamRecord(
+                        ts.key,
+                        ts.prefix.name,
+                        ts.group.name,
+                        worker.address,
+                        msg.start,
+                        msg.stop,
+                        "erred",
+                    )
+                )
         recs = self._leave_dependencies(ts)
         recs.update(self._set_erred(ts, stimulus_id))
         return recs

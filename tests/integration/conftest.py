@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from subprocess_env import child_env
 
 from shoal import Client, LocalCluster
 
@@ -114,14 +115,6 @@ def inproc_cluster() -> Iterator[LocalCluster]:
 
 
 # ------------------------------------------------------------------------ processes
-
-
-def child_env() -> dict[str, str]:
-    """The environment for processes we start: they can import the test modules."""
-    env = dict(os.environ)
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
-    return env
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import warnings
 
 import dask.config
 import pytest
-from conftest import child_env
+from subprocess_env import child_env
 
 from shoal import Client, LocalCluster, config
 

@@ -16,13 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-try:
-    from conftest import child_env  # this directory's, as pytest imports this module
-except ImportError:
-    # A worker process importing this module for its task functions: there "conftest"
-    # may be another test directory's (the first on its path), without child_env.
-    child_env = None  # type: ignore[assignment]
+from subprocess_env import child_env
 
 from shoal import (
     Client,
@@ -179,7 +173,6 @@ def test_semaphore_lease_released_when_its_worker_is_killed() -> None:
 def test_semaphore_lease_released_when_its_client_process_dies(
     cluster: LocalCluster, client: Client
 ) -> None:
-    assert child_env is not None
     env = child_env()
     env.update(cluster.security.to_env())
     sem = Semaphore(max_leases=2, name="two-at-a-time")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import child_env
+from subprocess_env import child_env
 
 from shoal import Client, LocalCluster, Pin
 

@@ -103,6 +103,28 @@ def security_options(command: Any) -> Any:
     return command
 
 
+def metrics_options(command: Any) -> Any:
+    """``--metrics-address`` and ``--metrics-token`` (shoal/dashboard/serve_metrics.py)."""
+    options = [
+        click.option(
+            "--metrics-address",
+            default=None,
+            help="Also serve Prometheus /metrics alone here ([host]:port, e.g. "
+            "10.0.0.1:9100; :0 any free port), for a Prometheus server.",
+        ),
+        click.option(
+            "--metrics-token",
+            envvar="SHOAL_METRICS_TOKEN",
+            default=cfg("metrics.token"),
+            help="Bearer token /metrics asks for (Authorization: Bearer ...); default: "
+            "the SHOAL_METRICS_TOKEN variable or config shoal.metrics.token.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def make_security(options: dict[str, Any]) -> Any:
     """A Security from the ``security_options`` (popped from ``options``)."""
     from shoal.comm.security import Security
@@ -178,6 +200,7 @@ def main() -> None:
     help="Move queued tasks from busy workers to idle ones.",
 )
 @security_options
+@metrics_options
 def scheduler(
     host: str,
     port: int,
@@ -191,6 +214,8 @@ def scheduler(
     handshake_timeout: float,
     preload: tuple[str, ...],
     work_stealing: bool,
+    metrics_address: str | None,
+    metrics_token: str | None,
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -217,8 +242,13 @@ def scheduler(
             security=security,
             handshake_timeout=handshake_timeout,
             work_stealing=work_stealing,
+            metrics_address=_http_option(metrics_address, "--metrics-address"),
+            metrics_token=metrics_token or None,
         )
-        await s.start()
+        try:
+            await s.start()
+        except OSError as e:  # a port taken
+            raise click.ClickException(str(e)) from None
         try:
             await _setup_preloads(preloads, s)
         except click.ClickException:
@@ -232,6 +262,8 @@ def scheduler(
             asyncio.ensure_future(_watch_pid(watch_pid, stop))
         if not quiet:
             click.echo(f"shoal scheduler at {s.address}", err=True)
+            if s.metrics_url:
+                click.echo(f"shoal scheduler metrics at {s.metrics_url}/metrics", err=True)
             click.echo(s.address)
         await s.finished()
         await preloads.teardown(s)
@@ -403,8 +435,17 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     default=cfg("worker.max-tasks", optional_text),
     help="Run at most this many tasks, then leave as at the end of --lifetime.",
 )
+@click.option(
+    "--dashboard-address",
+    default=cfg("worker.dashboard-address"),
+    show_default=True,
+    help="HTTP port with /metrics and /health ([host]:port; :0 any free port on the "
+    "worker's host); told to the scheduler (scheduler_info: http_address).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Open no HTTP port.")
 @click.option("--log-level", default=cfg("worker.log-level"), show_default=True)
 @security_options
+@metrics_options
 def worker(
     address: str | None,
     scheduler_file: str | None,
@@ -437,6 +478,10 @@ def worker(
     lifetime_stagger: str,
     lifetime_restart: bool,
     max_tasks: str | None,
+    dashboard_address: str | None,
+    no_dashboard: bool,
+    metrics_address: str | None,
+    metrics_token: str | None,
     log_level: str,
     **options: Any,
 ) -> None:
@@ -475,6 +520,13 @@ def worker(
         fractions = MemoryFractions(None, None, None, None)
     walltime = _walltime_options(lifetime, lifetime_stagger, max_tasks)
     name = name or f"{os.uname().nodename}-{os.getpid()}"
+    http: dict[str, Any] = {
+        "dashboard_address": None
+        if no_dashboard or dashboard_address is None
+        else _http_option(dashboard_address, "--dashboard-address"),
+        "metrics_address": _http_option(metrics_address, "--metrics-address"),
+        "metrics_token": metrics_token or None,  # the nanny's worker gets it by environment
+    }
     if nanny:
         passed = [
             *("--nthreads", str(nthreads)),
@@ -492,7 +544,10 @@ def worker(
             *("--lifetime-stagger", lifetime_stagger),
             *(["--lifetime-restart"] if lifetime_restart else []),
             *(["--max-tasks", max_tasks] if max_tasks is not None else []),
+            *_http_args(http),
         ]
+        if metrics_token:  # the worker it starts inherits this process's environment
+            os.environ["SHOAL_METRICS_TOKEN"] = metrics_token
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
         )
@@ -528,6 +583,7 @@ def worker(
             interrupt_grace=interrupt_grace,
             lifetime_restart=lifetime_restart,
             **walltime,
+            **http,
         )
 
     exit_code = 0
@@ -610,6 +666,29 @@ def _worker_addresses(
     }
     return [
         arg for option, value in options.items() if value is not None for arg in (option, value)
+    ]
+
+
+def _http_option(value: str | None, option: str) -> str | None:
+    """An HTTP address option checked (a usage error naming the option if bad)."""
+    if value is None:
+        return None
+    from shoal.dashboard.http import parse_http_address
+
+    try:
+        parse_http_address(value, "")
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+    return value
+
+
+def _http_args(http: dict[str, Any]) -> list[str]:
+    """The HTTP options as arguments for a worker under a nanny (the token is not
+    among them: it reaches the worker in SHOAL_METRICS_TOKEN, not on a command line)."""
+    dashboard, metrics = http["dashboard_address"], http["metrics_address"]
+    return [
+        *(["--dashboard-address", dashboard] if dashboard is not None else ["--no-dashboard"]),
+        *(["--metrics-address", metrics] if metrics is not None else []),
     ]
 
 

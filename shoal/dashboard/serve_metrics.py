@@ -74,8 +74,10 @@ async def open_worker_http(worker: Worker, host: str) -> tuple[list[HttpSite], s
             sites.append(
                 await open_metrics_site(render, worker.metrics_address, host, worker.metrics_token)
             )
-    except BaseException:
+    except BaseException as e:
         for site in sites:
             await site.close()
+        if isinstance(e, OSError):  # a port taken: final, not "no scheduler yet"
+            raise ValueError(f"cannot open the worker's HTTP port: {e}") from e
         raise
     return sites, url

@@ -183,6 +183,8 @@ class Scheduler:
 
     def write_scheduler_file(self, path: str | os.PathLike[str]) -> None:
         data = {"address": self.address, "id": self.id, "pid": os.getpid()}
+        if self.metrics_url:
+            data["metrics"] = f"{self.metrics_url}/metrics"  # --metrics-address
         tmp = Path(f"{path}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: readers never see half a file

@@ -50,7 +50,7 @@ def select(
     count: int | None = None,
 ) -> list[dict[str, Any]]:
     """Dask's selection: the records that started in [start, stop) (times, or strings
-    meaning that long ago); ``count``: at most that many, the newest (or, with only
+    meaning that long ago: "10s", "5m"); ``count``: at most that many, the newest (or, with only
     ``start``, the first after it)."""
     if count is not None and count < 0:
         raise ValueError(f"count must be >= 0, not {count}")

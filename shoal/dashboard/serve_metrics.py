@@ -1,8 +1,8 @@
 """The HTTP ports of metrics: a worker's own port (``/metrics``, ``/health``) and the
 separate ``--metrics-address`` site of the scheduler or a worker (``/metrics`` only).
 
-Tokens: with a cluster token, a worker's port asks for ``Authorization: Bearer`` with
-the metrics token if one is set, else the cluster token. The ``--metrics-address``
+Tokens: a worker's port asks for ``Authorization: Bearer`` with the metrics token if
+one is set, else with the cluster token if there is one. The ``--metrics-address``
 site asks for the metrics token if one is set, and nothing otherwise: it is what a
 Prometheus server scrapes (bind it to a private interface).
 """

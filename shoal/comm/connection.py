@@ -147,7 +147,9 @@ class Connection(asyncio.BufferedProtocol):
         local = transport.get_extra_info("sockname")  # our side: which interface it came in on
         self.local_host = str(local[0]) if isinstance(local, tuple) else None
         if self.handshake is not None:
-            transport.write(self.handshake.greeting())  # type: ignore[attr-defined]
+            greeting = self.handshake.greeting()
+            self.traffic.bytes_sent += len(greeting)
+            transport.write(greeting)  # type: ignore[attr-defined]
             if self._handshake_timeout is not None:  # until the first frame (the Hello)
                 self._handshake_timer = self._loop.call_later(
                     self._handshake_timeout, self._handshake_expired
@@ -201,6 +203,7 @@ class Connection(asyncio.BufferedProtocol):
             self._preamble_failed(str(e))
             return b""
         if out:
+            self.traffic.bytes_sent += len(out)
             self.transport.write(out)
         if handshake.may_send and self._out:
             self.flush()  # frames queued behind our proof (the connector's Hello)
@@ -225,7 +228,9 @@ class Connection(asyncio.BufferedProtocol):
         self._out_buffers.clear()
         if isinstance(self.handshake, ListenerHandshake) and self.transport is not None:
             logger.warning("refused a connection from %s: %s", self.peer, reason)
-            self.transport.write(self.handshake.refusal(reason))
+            refusal = self.handshake.refusal(reason)
+            self.traffic.bytes_sent += len(refusal)
+            self.transport.write(refusal)
         self.close()
 
     def _dispatch(self, frame: Frame) -> None:

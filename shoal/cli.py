@@ -16,6 +16,7 @@ import click
 from shoal.client.loop import run
 from shoal.config import ConfigDefault as cfg
 from shoal.config import fraction_text, optional_text
+from shoal.dashboard.cli_options import http_option, metrics_options, worker_http_args
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
@@ -96,28 +97,6 @@ def security_options(command: Any) -> Any:
             envvar="SHOAL_REQUIRE_ENCRYPTION",
             is_flag=True,
             help="Refuse plain tcp:// (needs the TLS options).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def metrics_options(command: Any) -> Any:
-    """``--metrics-address`` and ``--metrics-token`` (shoal/dashboard/serve_metrics.py)."""
-    options = [
-        click.option(
-            "--metrics-address",
-            default=None,
-            help="Also serve Prometheus /metrics alone here ([host]:port, e.g. "
-            "10.0.0.1:9100; :0 any free port), for a Prometheus server.",
-        ),
-        click.option(
-            "--metrics-token",
-            envvar="SHOAL_METRICS_TOKEN",
-            default=cfg("metrics.token"),
-            help="Bearer token /metrics asks for (Authorization: Bearer ...); default: "
-            "the SHOAL_METRICS_TOKEN variable or config shoal.metrics.token.",
         ),
     ]
     for option in reversed(options):
@@ -242,7 +221,7 @@ def scheduler(
             security=security,
             handshake_timeout=handshake_timeout,
             work_stealing=work_stealing,
-            metrics_address=_http_option(metrics_address, "--metrics-address"),
+            metrics_address=http_option(metrics_address, "--metrics-address"),
             metrics_token=metrics_token or None,
         )
         try:
@@ -523,8 +502,8 @@ def worker(
     http: dict[str, Any] = {
         "dashboard_address": None
         if no_dashboard or dashboard_address is None
-        else _http_option(dashboard_address, "--dashboard-address"),
-        "metrics_address": _http_option(metrics_address, "--metrics-address"),
+        else http_option(dashboard_address, "--dashboard-address"),
+        "metrics_address": http_option(metrics_address, "--metrics-address"),
         "metrics_token": metrics_token or None,  # the nanny's worker gets it by environment
     }
     if nanny:
@@ -544,7 +523,7 @@ def worker(
             *("--lifetime-stagger", lifetime_stagger),
             *(["--lifetime-restart"] if lifetime_restart else []),
             *(["--max-tasks", max_tasks] if max_tasks is not None else []),
-            *_http_args(http),
+            *worker_http_args(http),
         ]
         if metrics_token:  # the worker it starts inherits this process's environment
             os.environ["SHOAL_METRICS_TOKEN"] = metrics_token
@@ -666,29 +645,6 @@ def _worker_addresses(
     }
     return [
         arg for option, value in options.items() if value is not None for arg in (option, value)
-    ]
-
-
-def _http_option(value: str | None, option: str) -> str | None:
-    """An HTTP address option checked (a usage error naming the option if bad)."""
-    if value is None:
-        return None
-    from shoal.dashboard.http import parse_http_address
-
-    try:
-        parse_http_address(value, "")
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=option) from None
-    return value
-
-
-def _http_args(http: dict[str, Any]) -> list[str]:
-    """The HTTP options as arguments for a worker under a nanny (the token is not
-    among them: it reaches the worker in SHOAL_METRICS_TOKEN, not on a command line)."""
-    dashboard, metrics = http["dashboard_address"], http["metrics_address"]
-    return [
-        *(["--dashboard-address", dashboard] if dashboard is not None else ["--no-dashboard"]),
-        *(["--metrics-address", metrics] if metrics is not None else []),
     ]
 
 

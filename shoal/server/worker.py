@@ -400,14 +400,9 @@ class Worker:
     def _heartbeat_message(self, request_id: int) -> m.Message:
         assert self.state is not None
         memory, spilled = self.memory_metrics()
-        moved = self.transfers
+        moved, executing = self.transfers, self.state.executing_count
         return m.Heartbeat(
-            request_id,
-            memory,
-            spilled,
-            self.state.executing_count,
-            moved.incoming_bytes,
-            moved.outgoing_bytes,
+            request_id, memory, spilled, executing, moved.incoming_bytes, moved.outgoing_bytes
         )
 
     @property

@@ -23,7 +23,6 @@ import time
 from types import FrameType
 from typing import Any
 
-from shoal.core.scheduler.membership import heartbeat_interval
 from shoal.protocol import messages as m
 
 DEFAULT_INTERVAL = 0.3  # seconds between two memory samples
@@ -113,6 +112,8 @@ class performance_report:  # noqa: N801  (Dask's name)
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
+        from shoal.core.scheduler.membership import heartbeat_interval  # (a large package)
+
         # Workers report their transfer totals with their heartbeats: wait for one
         # more of each, so that the block's last transfers count.
         await asyncio.sleep(min(2.0, heartbeat_interval(len(self._latest)) + 0.1))

@@ -35,7 +35,7 @@ def record_dict(r: m.TaskStreamRecord) -> dict[str, Any]:
 
 
 def _moment(value: float | str | None, now: float) -> float | None:
-    """A time (seconds since the epoch), or how long ago as a string ("10s", "2 minutes")."""
+    """A time (seconds since the epoch), or how long ago as a string ("10s", "5m")."""
     if value is None or isinstance(value, int | float):
         return value
     if isinstance(value, str):
@@ -50,8 +50,8 @@ def select(
     count: int | None = None,
 ) -> list[dict[str, Any]]:
     """Dask's selection: the records that started in [start, stop) (times, or strings
-    meaning that long ago: "10s", "5m"); ``count``: at most that many, the newest (or, with only
-    ``start``, the first after it)."""
+    meaning that long ago: "10s", "5m"); ``count``: at most that many, the newest (or,
+    with only ``start``, the first after it)."""
     if count is not None and count < 0:
         raise ValueError(f"count must be >= 0, not {count}")
     now = time.time()

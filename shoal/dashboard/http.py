@@ -71,9 +71,8 @@ class HttpSite:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
-        server = site._server  # aiohttp keeps the asyncio server here: the chosen port
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
+        bound = self._runner.addresses  # (host, port, ...) of each socket: the chosen port
+        self.port = int(bound[0][1]) if bound else port
         self.url = http_url(host, self.port)
         return self
 

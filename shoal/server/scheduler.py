@@ -156,9 +156,13 @@ class Scheduler:
             traffic=self.traffic,
         )
         self.address = advertised_listener(listening)  # --host 0.0.0.0: a reachable one
-        self.loop_latency.start()
         if self.metrics_address is not None:
-            await self._open_metrics_site(self.metrics_address)
+            try:
+                await self._open_metrics_site(self.metrics_address)
+            except BaseException:  # e.g. its port taken: no half-started scheduler
+                self._server.close()
+                raise
+        self.loop_latency.start()
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())

@@ -9,9 +9,11 @@ from shoal.client.client import Client
 from shoal.client.coordination import Event, Lock, MultiLock, Pub, Queue, Semaphore, Sub, Variable
 from shoal.client.datasets import fire_and_forget
 from shoal.client.futures import CancelledError, Future, as_completed, wait
+from shoal.client.performance_report import performance_report
 from shoal.client.pins import Pin
 from shoal.client.plugins import PluginError
 from shoal.client.progress import progress
+from shoal.client.task_stream import get_task_stream
 from shoal.client.worker_client import get_client, get_worker, rejoin, secede, worker_client
 from shoal.comm.security import Security
 from shoal.deploy.adaptive import Adaptive
@@ -53,7 +55,9 @@ __all__ = [
     "as_completed",
     "fire_and_forget",
     "get_client",
+    "get_task_stream",
     "get_worker",
+    "performance_report",
     "progress",
     "rejoin",
     "secede",

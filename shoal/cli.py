@@ -16,6 +16,7 @@ import click
 from shoal.client.loop import run
 from shoal.config import ConfigDefault as cfg
 from shoal.config import fraction_text, optional_text
+from shoal.dashboard.cli_options import http_option, metrics_options, worker_http_args
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
 
@@ -178,6 +179,7 @@ def main() -> None:
     help="Move queued tasks from busy workers to idle ones.",
 )
 @security_options
+@metrics_options
 def scheduler(
     host: str,
     port: int,
@@ -191,6 +193,8 @@ def scheduler(
     handshake_timeout: float,
     preload: tuple[str, ...],
     work_stealing: bool,
+    metrics_address: str | None,
+    metrics_token: str | None,
     **options: Any,
 ) -> None:
     """Start a scheduler and print its address."""
@@ -217,8 +221,13 @@ def scheduler(
             security=security,
             handshake_timeout=handshake_timeout,
             work_stealing=work_stealing,
+            metrics_address=http_option(metrics_address, "--metrics-address"),
+            metrics_token=metrics_token or None,
         )
-        await s.start()
+        try:
+            await s.start()
+        except OSError as e:  # a port taken
+            raise click.ClickException(str(e)) from None
         try:
             await _setup_preloads(preloads, s)
         except click.ClickException:
@@ -232,6 +241,8 @@ def scheduler(
             asyncio.ensure_future(_watch_pid(watch_pid, stop))
         if not quiet:
             click.echo(f"shoal scheduler at {s.address}", err=True)
+            if s.metrics_url:
+                click.echo(f"shoal scheduler metrics at {s.metrics_url}/metrics", err=True)
             click.echo(s.address)
         await s.finished()
         await preloads.teardown(s)
@@ -403,8 +414,17 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     default=cfg("worker.max-tasks", optional_text),
     help="Run at most this many tasks, then leave as at the end of --lifetime.",
 )
+@click.option(
+    "--dashboard-address",
+    default=cfg("worker.dashboard-address"),
+    show_default=True,
+    help="HTTP port with /metrics and /health ([host]:port; :0 any free port on the "
+    "worker's host); told to the scheduler (scheduler_info: http_address).",
+)
+@click.option("--no-dashboard", is_flag=True, help="Open no HTTP port.")
 @click.option("--log-level", default=cfg("worker.log-level"), show_default=True)
 @security_options
+@metrics_options
 def worker(
     address: str | None,
     scheduler_file: str | None,
@@ -437,6 +457,10 @@ def worker(
     lifetime_stagger: str,
     lifetime_restart: bool,
     max_tasks: str | None,
+    dashboard_address: str | None,
+    no_dashboard: bool,
+    metrics_address: str | None,
+    metrics_token: str | None,
     log_level: str,
     **options: Any,
 ) -> None:
@@ -475,6 +499,13 @@ def worker(
         fractions = MemoryFractions(None, None, None, None)
     walltime = _walltime_options(lifetime, lifetime_stagger, max_tasks)
     name = name or f"{os.uname().nodename}-{os.getpid()}"
+    http: dict[str, Any] = {
+        "dashboard_address": None
+        if no_dashboard or dashboard_address is None
+        else http_option(dashboard_address, "--dashboard-address"),
+        "metrics_address": http_option(metrics_address, "--metrics-address"),
+        "metrics_token": metrics_token or None,  # the nanny's worker gets it by environment
+    }
     if nanny:
         passed = [
             *("--nthreads", str(nthreads)),
@@ -492,7 +523,10 @@ def worker(
             *("--lifetime-stagger", lifetime_stagger),
             *(["--lifetime-restart"] if lifetime_restart else []),
             *(["--max-tasks", max_tasks] if max_tasks is not None else []),
+            *worker_http_args(http),
         ]
+        if metrics_token:  # the worker it starts inherits this process's environment
+            os.environ["SHOAL_METRICS_TOKEN"] = metrics_token
         _run_nanny(
             address, name, passed, limit, fractions.terminate, local_directory, timeout, security
         )
@@ -528,6 +562,7 @@ def worker(
             interrupt_grace=interrupt_grace,
             lifetime_restart=lifetime_restart,
             **walltime,
+            **http,
         )
 
     exit_code = 0

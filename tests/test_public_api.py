@@ -32,7 +32,9 @@ EXPECTED = [
     "as_completed",
     "fire_and_forget",
     "get_client",
+    "get_task_stream",
     "get_worker",
+    "performance_report",
     "progress",
     "rejoin",
     "secede",
@@ -57,4 +59,5 @@ def test_no_accidental_public_modules():
     modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli", "shuffle"}
     modules |= {"plugins", "jobqueue"}
     modules |= {"config"}  # shoal.config: dask.config keys under shoal.*
+    modules |= {"dashboard"}  # shoal.dashboard: HTTP, /metrics, performance reports
     assert public - set(shoal.__all__) <= modules

@@ -42,6 +42,7 @@ from shoal.client.plugins import PluginsMixin
 from shoal.client.remote import RemoteMixin
 from shoal.client.restart import RestartMixin
 from shoal.client.restrictions import duration_hint, task_restrictions
+from shoal.client.task_stream import TaskStreamMixin
 from shoal.comm.connection import CommClosedError, Connection, PeerProtocolError
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
@@ -92,6 +93,7 @@ class Client(
     RestartMixin,
     PinsMixin,
     PluginsMixin,
+    TaskStreamMixin,
 ):
     """Connect to a scheduler (an address, a cluster object, the address in
     ``scheduler_file``, or a new ``LocalCluster`` when none is given, started with

@@ -178,6 +178,9 @@ class ClusterInfo:
                         ],
                         "lifetime_left": w.lifetime_left,  # seconds; None: no --lifetime
                         "tasks_left": w.tasks_left,  # None: no --max-tasks
+                        "http_address": w.http_address,  # its /metrics port; "": none
+                        "transferred_in": w.transferred_in,  # dependency bytes, in all
+                        "transferred_out": w.transferred_out,
                     }
                     for w in r.workers
                 },

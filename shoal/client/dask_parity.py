@@ -6,7 +6,6 @@ from __future__ import annotations
 
 UNIMPLEMENTED: dict[str, str] = {
     # observability: the dashboard/observability issue
-    "get_task_stream": "no task stream is recorded yet (dashboard issue)",
     "profile": "no statistical profiler in workers yet (dashboard issue)",
     "call_stack": "no call-stack capture of running tasks yet (dashboard issue)",
     "get_scheduler_logs": "servers log to their own stderr; no log ring buffer is kept",

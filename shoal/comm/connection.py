@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.comm.handshake import AuthFailed, ConnectorHandshake, ListenerHandshake
+from shoal.comm.traffic import Traffic
 from shoal.core.story import InvalidState, InvalidTransition
 from shoal.protocol import messages as m
 from shoal.protocol.framing import (
@@ -96,8 +97,11 @@ class Connection(asyncio.BufferedProtocol):
         max_frame_size: int = DEFAULT_MAX_FRAME,
         handshake: ListenerHandshake | ConnectorHandshake | None = None,
         handshake_timeout: float | None = None,
+        traffic: Traffic | None = None,
     ):
         self.on_frame = on_frame
+        # The owning server's totals (bytes, frames, messages; shoal/comm/traffic.py).
+        self.traffic = Traffic() if traffic is None else traffic
         self.handshake = handshake  # None once the preamble is over
         self.auth_failure: str | None = None  # why the preamble failed, if it did
         self._handshake_timeout = handshake_timeout
@@ -128,6 +132,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.traffic.opened += 1
         # pause_writing as soon as anything stays buffered, resume once all is out: a
         # chunk of a large buffer is written only into an empty transport buffer, so
         # the kernel takes it from where it lies (the transport copies only what it
@@ -142,7 +147,9 @@ class Connection(asyncio.BufferedProtocol):
         local = transport.get_extra_info("sockname")  # our side: which interface it came in on
         self.local_host = str(local[0]) if isinstance(local, tuple) else None
         if self.handshake is not None:
-            transport.write(self.handshake.greeting())  # type: ignore[attr-defined]
+            greeting = self.handshake.greeting()
+            self.traffic.bytes_sent += len(greeting)
+            transport.write(greeting)  # type: ignore[attr-defined]
             if self._handshake_timeout is not None:  # until the first frame (the Hello)
                 self._handshake_timer = self._loop.call_later(
                     self._handshake_timeout, self._handshake_expired
@@ -154,6 +161,7 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
+        self.traffic.bytes_received += nbytes
         try:
             if self.handshake is not None:
                 data = bytes(self.decoder.get_buffer()[:nbytes])  # the scratch area
@@ -195,6 +203,7 @@ class Connection(asyncio.BufferedProtocol):
             self._preamble_failed(str(e))
             return b""
         if out:
+            self.traffic.bytes_sent += len(out)
             self.transport.write(out)
         if handshake.may_send and self._out:
             self.flush()  # frames queued behind our proof (the connector's Hello)
@@ -219,7 +228,9 @@ class Connection(asyncio.BufferedProtocol):
         self._out_buffers.clear()
         if isinstance(self.handshake, ListenerHandshake) and self.transport is not None:
             logger.warning("refused a connection from %s: %s", self.peer, reason)
-            self.transport.write(self.handshake.refusal(reason))
+            refusal = self.handshake.refusal(reason)
+            self.traffic.bytes_sent += len(refusal)
+            self.transport.write(refusal)
         self.close()
 
     def _dispatch(self, frame: Frame) -> None:
@@ -227,6 +238,9 @@ class Connection(asyncio.BufferedProtocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         msgs = frame.messages
+        traffic = self.traffic
+        traffic.frames_received += 1
+        traffic.messages_received += len(msgs)
         if self._pending and any(type(msg) in _REPLIES for msg in msgs):
             try:
                 frame = self._resolve_replies(frame)
@@ -269,6 +283,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.traffic.closed += 1
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         if self.close_reason is None:
@@ -323,12 +338,13 @@ class Connection(asyncio.BufferedProtocol):
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
 
-    def send_frame(self, pieces: list[bytes | memoryview]) -> None:
-        """Write a frame encoded beforehand (the same bytes for many peers), after the
-        messages queued before it."""
+    def send_frame(self, pieces: list[bytes | memoryview], messages: int = 1) -> None:
+        """Write a frame encoded beforehand (the same bytes for many peers; it holds
+        ``messages`` messages), after the messages queued before it."""
         if self.closed or self.transport is None:
             return
         self.flush()
+        self.traffic.messages_sent += messages
         self._write(pieces)
 
     def last_queued(self) -> m.Message | None:
@@ -343,12 +359,16 @@ class Connection(asyncio.BufferedProtocol):
             return  # sent once our part of the preamble is out
         out, bufs = self._out, self._out_buffers
         self._out, self._out_buffers = [], []
+        self.traffic.messages_sent += len(out)
         self._write(encode_frame(out, bufs))
 
     def _write(self, pieces: list[bytes | memoryview]) -> None:
         """Write the pieces of a frame: small ones joined, large ones in chunks as the
         transport drains, behind whatever is still queued."""
         assert self.transport is not None
+        traffic = self.traffic
+        traffic.frames_sent += 1
+        traffic.bytes_sent += sum(map(_nbytes, pieces))
         if not self._wqueue and all(_nbytes(p) <= SMALL_PIECE for p in pieces):
             self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             return

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import DEFAULT_CONNECT_TIMEOUT, connect
+from shoal.comm.traffic import Traffic
 from shoal.protocol import messages as m
 
 
@@ -21,8 +22,10 @@ class ConnectionPool:
         hello: Callable[[], m.Hello],
         timeout: float = DEFAULT_CONNECT_TIMEOUT,
         security: Security | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         self._hello = hello
+        self.traffic = traffic  # the owner's totals (shoal/comm/traffic.py)
         self._timeout = timeout
         self.security = security
         self._conns: dict[str, asyncio.Future[Connection]] = {}
@@ -43,7 +46,11 @@ class ConnectionPool:
 
     async def _open(self, address: str) -> Connection:
         conn, _ = await connect(
-            address, self._hello(), timeout=self._timeout, security=self.security
+            address,
+            self._hello(),
+            timeout=self._timeout,
+            security=self.security,
+            traffic=self.traffic,
         )
         return conn
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.handshake import ConnectorHandshake, ListenerHandshake
 from shoal.comm.security import Security
+from shoal.comm.traffic import Traffic
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame
 
@@ -79,19 +80,23 @@ async def listen(
     on_connection: Callable[[Connection], None],
     security: Security | None = None,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    traffic: Traffic | None = None,
 ) -> tuple[asyncio.Server, str]:
     """Listen on host:port (0: the OS picks); ``on_connection`` installs the new
     connection's handler once the peer has passed the preamble (and TLS). Returns the
     server and its address (``tls://`` when ``security`` has TLS credentials). A
     connection that has not sent a complete first frame (its Hello) within
-    ``handshake_timeout`` seconds of connecting is refused and closed."""
+    ``handshake_timeout`` seconds of connecting is refused and closed. Connections
+    add what they carry to ``traffic`` (the server's totals)."""
     security = security or Security()
     ssl_context = security.listen_context()
     loop = asyncio.get_running_loop()
 
     def factory() -> Connection:
         conn = Connection(
-            handshake=ListenerHandshake(security.token), handshake_timeout=handshake_timeout
+            handshake=ListenerHandshake(security.token),
+            handshake_timeout=handshake_timeout,
+            traffic=traffic,
         )
         loop.call_soon(on_connection, conn)
         return conn
@@ -110,6 +115,7 @@ async def connect(
     hello: m.Hello,
     timeout: float = DEFAULT_CONNECT_TIMEOUT,
     security: Security | None = None,
+    traffic: Traffic | None = None,
 ) -> tuple[Connection, m.Welcome]:
     """Open a connection (TLS for ``tls://``), pass the preamble, say Hello, and wait
     for the Welcome. A refusal, a failed token proof or a bad certificate raise
@@ -120,7 +126,7 @@ async def connect(
     loop = asyncio.get_running_loop()
 
     def factory() -> Connection:
-        return Connection(handshake=ConnectorHandshake(security.token))
+        return Connection(handshake=ConnectorHandshake(security.token), traffic=traffic)
 
     try:
         _, conn = await asyncio.wait_for(

@@ -73,6 +73,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         lifetime_restart: bool | None = None,
         max_tasks: int | None = None,
         work_stealing: bool = True,
+        worker_dashboard_address: str | None = None,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -105,6 +106,8 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         self.work_stealing = work_stealing  # queued tasks move from busy to idle workers
         self.interrupt_grace = interrupt_grace  # then a force-cancelled stuck task restarts it
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
+        # Each worker's HTTP port (/metrics), e.g. ":0"; None: none (as Dask's LocalCluster)
+        self.worker_dashboard_address = worker_dashboard_address
         self.security = _cluster_security(security, token)
         self.nanny = nanny and processes
         # Walltime (shoal worker --lifetime, --max-tasks): a worker at its end is started
@@ -216,6 +219,11 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
             *(["--resources", _format_resources(self.resources)] if self.resources else []),
             *("--interrupt-grace", str(self.interrupt_grace)),
             *self.walltime.cli_args(),
+            *(
+                ["--dashboard-address", self.worker_dashboard_address]
+                if self.worker_dashboard_address is not None
+                else ["--no-dashboard"]
+            ),
         )
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
@@ -284,6 +292,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
             # the process's memory is every worker's: only the target applies
             memory_fractions=self.memory_fractions._replace(spill=None, pause=None, terminate=None),
             local_directory=self._dir,
+            dashboard_address=self.worker_dashboard_address,
             **self.walltime.worker_kwargs(),
         )
         self._workers.append(w)

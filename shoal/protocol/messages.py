@@ -44,7 +44,9 @@ import msgspec
 #    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
 #    ActorCall, ActorReply).
 # 12: the task stream (TaskStreamRequest, TaskStreamReply, TaskStreamRecord).
-PROTOCOL_VERSION = 12
+# 13: metrics: Hello.http_address (a worker's HTTP port, /metrics), dependency bytes
+#    moved (Heartbeat.transferred_in/out), both shown in WorkerInfo.
+PROTOCOL_VERSION = 13
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -172,6 +174,7 @@ class Hello(Message):
     # between hosts: the scheduler turns the lifetime into a deadline on its own clock.
     lifetime: float | None = None
     max_tasks: int | None = None
+    http_address: str = ""  # a worker's HTTP port (/metrics, /health), if it opened one
 
 
 class Welcome(Message):
@@ -337,6 +340,9 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     pins: list[PinInfo] = []  # the pins holding it
     lifetime_left: float | None = None  # seconds to its deadline (None: no lifetime)
     tasks_left: int | None = None  # tasks it may still be given (None: no budget)
+    http_address: str = ""  # its HTTP port, e.g. "http://10.0.0.5:40123" ("": none)
+    transferred_in: int = 0  # bytes of dependencies it fetched from peers, in all
+    transferred_out: int = 0  # bytes it sent to peers that fetched from it, in all
 
 
 class InfoReply(Message):
@@ -617,6 +623,9 @@ class Heartbeat(Message):
     memory: int = 0
     spilled: int = 0
     executing: int = 0
+    # A worker's totals of dependency bytes fetched from / sent to peers since it started.
+    transferred_in: int = 0
+    transferred_out: int = 0
 
 
 class HeartbeatReply(Message):

@@ -16,6 +16,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -23,6 +24,7 @@ from shoal.comm.addresses import advertised_listener, unreachable_advertisement
 from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
+from shoal.comm.traffic import Traffic
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler.state import SchedulerState
 from shoal.core.scheduler.stealing import STEAL_INTERVAL
@@ -31,6 +33,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 from shoal.server import remote_run
 from shoal.server.coordination import DeadlineTimer
+from shoal.server.loop_latency import LoopLatency
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -78,6 +81,8 @@ class Scheduler:
         security: Security | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         work_stealing: bool = True,
+        metrics_address: str | None = None,
+        metrics_token: str | None = None,
     ):
         self.security = security or Security()  # token / TLS for every connection
         self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
@@ -109,6 +114,14 @@ class Scheduler:
         self._balancer: asyncio.Task[None] | None = None
         self.plugins = SchedulerPlugins(self)  # shoal/plugins/scheduler.py
         self._deadlines = DeadlineTimer(self.state, self._sid)  # coordination timeouts
+        self.traffic = Traffic()  # what its connections carried (shoal/comm/traffic.py)
+        self.loop_latency = LoopLatency()
+        # A /metrics-only HTTP site for Prometheus ("host:port"; None: none), behind
+        # ``metrics_token`` if given (shoal/dashboard/serve_metrics.py).
+        self.metrics_address = metrics_address
+        self.metrics_token = metrics_token
+        self.metrics_url = ""
+        self._metrics_site: Any = None
 
     # ---------------------------------------------------------------- Comm (for the core)
 
@@ -135,9 +148,21 @@ class Scheduler:
             tune_gc()
             Connection.fatal_on_invalid_state = self.state.validate
         self._server, listening = await listen(
-            self.host, self.port, self._accept, self.security, self.handshake_timeout
+            self.host,
+            self.port,
+            self._accept,
+            self.security,
+            self.handshake_timeout,
+            traffic=self.traffic,
         )
         self.address = advertised_listener(listening)  # --host 0.0.0.0: a reachable one
+        if self.metrics_address is not None:
+            try:
+                await self._open_metrics_site(self.metrics_address)
+            except BaseException:  # e.g. its port taken: no half-started scheduler
+                self._server.close()
+                raise
+        self.loop_latency.start()
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
@@ -146,8 +171,24 @@ class Scheduler:
         logger.info("scheduler at %s", self.address)
         return self
 
+    async def _open_metrics_site(self, address: str) -> None:
+        from shoal.dashboard.metrics import render_scheduler_metrics  # aiohttp: only now
+        from shoal.dashboard.serve_metrics import open_metrics_site
+
+        host = parse_address(self.address)[0]
+        render = lambda: render_scheduler_metrics(self)  # noqa: E731
+        self._metrics_site = await open_metrics_site(render, address, host, self.metrics_token)
+        self.metrics_url = self._metrics_site.url
+
+    @property
+    def client_count(self) -> int:
+        """Clients connected now."""
+        return len(self._clients)
+
     def write_scheduler_file(self, path: str | os.PathLike[str]) -> None:
         data = {"address": self.address, "id": self.id, "pid": os.getpid()}
+        if self.metrics_url:
+            data["metrics"] = f"{self.metrics_url}/metrics"  # --metrics-address
         tmp = Path(f"{path}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: readers never see half a file
@@ -166,6 +207,9 @@ class Scheduler:
         for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
             if task is not None:
                 task.cancel()
+        self.loop_latency.stop()
+        if self._metrics_site is not None:
+            await self._metrics_site.close()
         self._deadlines.cancel()
         for conn in [*self._workers.values(), *self._clients.values()]:
             conn.close()
@@ -257,6 +301,7 @@ class Scheduler:
             now=time.monotonic(),
             lifetime=hello.lifetime,
             max_tasks=hello.max_tasks,
+            http_address=hello.http_address,
         )
         logger.info(
             "worker %s joined (%d threads, resources %s)", address, hello.nthreads, hello.resources

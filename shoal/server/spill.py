@@ -102,6 +102,11 @@ class SpillBuffer(MutableMapping[Key, Any]):
     # ---------------------------------------------------------------- spilling
 
     @property
+    def spilled_count(self) -> int:
+        """Values on disk now."""
+        return len(self._slow)
+
+    @property
     def spilled_keys(self) -> set[Key]:
         with self._lock:
             return set(self._slow)

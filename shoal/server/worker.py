@@ -29,7 +29,8 @@ from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
-from shoal.comm.tcp import HandshakeError, check_hello, connect, listen
+from shoal.comm.tcp import HandshakeError, check_hello, connect, listen, parse_address
+from shoal.comm.traffic import Traffic
 from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
 from shoal.core.worker.state import (
@@ -73,11 +74,13 @@ from shoal.server import remote_run
 from shoal.server.actors import ActorServer
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
+from shoal.server.loop_latency import LoopLatency
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
+from shoal.server.transfers import TransferTotals
 from shoal.shuffle._worker import ShuffleService
 
 logger = logging.getLogger("shoal.worker")
@@ -150,6 +153,9 @@ class Worker:
         interface: str | None = None,
         listen_address: str | None = None,
         contact_address: str | None = None,
+        dashboard_address: str | None = None,
+        metrics_address: str | None = None,
+        metrics_token: str | None = None,
     ):
         if nthreads < 1:
             raise ValueError(f"nthreads must be at least 1, not {nthreads}")
@@ -177,6 +183,16 @@ class Worker:
         self.restart = False  # the process should exit with EXIT_RESTART (its nanny restarts it)
         self.address = ""
         self.id = f"worker-{uuid.uuid4().hex[:12]}"
+        # HTTP (shoal/dashboard/serve_metrics.py): its own port with /metrics and
+        # /health ("host:port", ":0": any free port; None: none), a /metrics-only site.
+        self.dashboard_address = dashboard_address
+        self.metrics_address = metrics_address
+        self.metrics_token = metrics_token
+        self.http_address = ""  # the URL of its own port, once open
+        self._http_sites: list[Any] = []
+        self.traffic = Traffic()  # what its connections carried (shoal/comm/traffic.py)
+        self.transfers = TransferTotals()  # dependency bytes fetched and served
+        self.loop_latency = LoopLatency()
         # Spill files go here; removed on close (and by the nanny, should we die).
         self.local_directory = os.path.join(local_directory or tempfile.gettempdir(), self.id)
         self._spill: SpillBuffer | None = None
@@ -190,6 +206,7 @@ class Worker:
         self._peers = ConnectionPool(
             lambda: m.Hello(m.PROTOCOL_VERSION, "peer", name=self.address),
             security=self.security,
+            traffic=self.traffic,
         )
         # (key, function id, arguments, the mark TaskThreads.queued gave it), None: end
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload, list[bool]] | None] = (
@@ -226,9 +243,15 @@ class Worker:
         self.lifetime.start(time.monotonic())
         listen_host, listen_port = self.addresses.listen_on(self.scheduler_address)
         self._server, listening = await listen(
-            listen_host, listen_port, self._accept_peer, self.security
+            listen_host, listen_port, self._accept_peer, self.security, traffic=self.traffic
         )
         self.address = self.addresses.advertise(listening, self.scheduler_address)
+        self.loop_latency.start()
+        if self.dashboard_address is not None or self.metrics_address is not None:
+            from shoal.dashboard.serve_metrics import open_worker_http  # aiohttp: only now
+
+            host = parse_address(self.address)[0]
+            self._http_sites, self.http_address = await open_worker_http(self, host)
         target, spill, pause, _ = self.memory_fractions  # terminating is the nanny's
         if target is not None or spill is not None:
             self._spill = SpillBuffer(
@@ -255,9 +278,10 @@ class Worker:
             resources=self.resources,
             lifetime=self.lifetime.remaining(time.monotonic()),
             max_tasks=self.lifetime.max_tasks,
+            http_address=self.http_address,
         )
         self.scheduler, welcome = await connect(
-            self.scheduler_address, hello, security=self.security
+            self.scheduler_address, hello, security=self.security, traffic=self.traffic
         )
         self.name = welcome.assigned
         left = self.lifetime.remaining(time.monotonic())
@@ -301,6 +325,9 @@ class Worker:
             self._queue.put(None)
         if self._server is not None:
             self._server.close()
+        self.loop_latency.stop()
+        for site in self._http_sites:
+            await site.close()
         if self.scheduler is not None:
             self.scheduler.close()
         self._peers.close()
@@ -373,7 +400,15 @@ class Worker:
     def _heartbeat_message(self, request_id: int) -> m.Message:
         assert self.state is not None
         memory, spilled = self.memory_metrics()
-        return m.Heartbeat(request_id, memory, spilled, self.state.executing_count)
+        moved, executing = self.transfers, self.state.executing_count
+        return m.Heartbeat(
+            request_id, memory, spilled, executing, moved.incoming_bytes, moved.outgoing_bytes
+        )
+
+    @property
+    def spill_buffer(self) -> SpillBuffer | None:
+        """Where results are kept when they may spill (None: a plain dict)."""
+        return self._spill
 
     def memory_metrics(self) -> tuple[int, int]:
         """(process memory, bytes of spilled results on disk), for heartbeats."""
@@ -748,10 +783,13 @@ class Worker:
             assert isinstance(reply, m.DataReply)
             with DESERIALISE_LOCK:  # on the loop: a task thread may be importing meanwhile
                 data, errors = loads_values(reply.keys, reply.payloads, buffers)
+            nbytes = {key: sizeof(value) for key, value in data.items()}
+            if nbytes:
+                self.transfers.received(sum(nbytes.values()))
             event: Any = GatherSuccess(
                 worker=inst.worker,
                 data=data,
-                nbytes={key: sizeof(value) for key, value in data.items()},
+                nbytes=nbytes,
                 missing=list(reply.missing),
                 stimulus_id=stimulus_id,
                 failed=self._transfer_errors(inst.worker, reply.failed, errors),
@@ -817,6 +855,7 @@ class Worker:
         assert self.state is not None
         data = self.state.data
         keys, payloads, buffers, missing, failed = [], [], [], [], []
+        sent = 0
         for key in msg.keys:
             if key not in data:
                 missing.append(key)
@@ -829,6 +868,10 @@ class Worker:
             keys.append(key)
             payloads.append(payload)
             buffers.extend(bufs)
+            ts = self.state.tasks.get(key)
+            sent += ts.nbytes if ts is not None else 0
+        if keys:
+            self.transfers.sent(sent)
         conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
         if failed:  # the scheduler errs these tasks: no one can ever get their results
             self._report_unserializable(failed)

@@ -30,6 +30,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         resources={"GPU": 2.0, "MEM": 10e9},
         lifetime=3300.0,
         max_tasks=5,
+        http_address="http://10.0.0.1:4001",
     ),
     m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
     m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
@@ -107,6 +108,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 pins=[m.PinInfo(3, "shuffle", "client:client-1-x", expires=1.7e9)],
                 lifetime_left=120.5,
                 tasks_left=3,
+                http_address="http://w:8788",
+                transferred_in=2048,
+                transferred_out=4096,
             )
         ],
         tasks=12,
@@ -170,7 +174,14 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     ),
     m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
     m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
-    m.Heartbeat: m.Heartbeat(request_id=11, memory=2**31, spilled=1024, executing=3),
+    m.Heartbeat: m.Heartbeat(
+        request_id=11,
+        memory=2**31,
+        spilled=1024,
+        executing=3,
+        transferred_in=10,
+        transferred_out=20,
+    ),
     m.HeartbeatReply: m.HeartbeatReply(request_id=11, interval=0.5),
     m.WorkerStatus: m.WorkerStatus(status="paused", stimulus_id="s-12"),
     m.WorkerExited: m.WorkerExited(

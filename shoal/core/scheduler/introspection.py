@@ -80,6 +80,9 @@ class Introspection:
                 else [],
                 None if ws.deadline is None else max(0.0, ws.deadline - self.wall_time),
                 None if ws.budget is None else max(0, ws.budget - ws.assigned),
+                ws.http_address,
+                ws.transferred_in,
+                ws.transferred_out,
             )
             for ws in itertools.islice(self.workers.values(), max(0, start), stop)
         ]

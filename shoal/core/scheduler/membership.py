@@ -137,9 +137,11 @@ class Membership:
         now: float = 0.0,
         lifetime: float | None = None,
         max_tasks: int | None = None,
+        http_address: str = "",
     ) -> WorkerRecord:
         """``lifetime``: seconds it has left (its deadline is that much past the latest
-        ``tick``); ``max_tasks``: how many tasks it may be given (walltime.py)."""
+        ``tick``); ``max_tasks``: how many tasks it may be given (walltime.py);
+        ``http_address``: where it serves ``/metrics``, if anywhere."""
         if address in self.workers:
             raise ValueError(f"a worker at {address} is already registered")
         if lifetime is not None and not lifetime >= 0:
@@ -151,6 +153,7 @@ class Membership:
         ws = WorkerRecord(
             address, name, nthreads, memory_limit, resources, pid, now, deadline, max_tasks
         )
+        ws.http_address = http_address
         self.workers[address] = ws
         self.total_threads += nthreads
         self.total_memory += memory_limit
@@ -258,6 +261,8 @@ class Membership:
             ws.last_seen = now
             ws.memory = msg.memory
             ws.spilled = msg.spilled
+            ws.transferred_in = msg.transferred_in
+            ws.transferred_out = msg.transferred_out
             if address in self.retiring:
                 self._retry_copies(ws)
                 self._done(f"heartbeat-{address}")

@@ -70,11 +70,13 @@ class Counters:
 class TaskPrefix(Counters):
     """All tasks whose keys share a prefix, e.g. every ``inc``."""
 
-    __slots__ = ("groups", "totals")
+    __slots__ = ("groups", "totals", "entered")
 
     def __init__(self, name: str, totals: dict[str, int] | None = None):
         super().__init__(name)
         self.groups: dict[str, TaskGroup] = {}  # alive, oldest first
+        # Transitions into each state, ever (Prometheus' prefix_state_totals counter).
+        self.entered: dict[str, int] = dict.fromkeys(TASK_STATES, 0)
         # Tasks per state over the whole scheduler, shared by every prefix of it: kept
         # with the prefix's own counts, so the cluster summary never sums prefixes.
         self.totals = dict.fromkeys(TASK_STATES, 0) if totals is None else totals
@@ -141,6 +143,9 @@ class WorkerRecord:
         "deadline",
         "budget",
         "assigned",
+        "http_address",
+        "transferred_in",
+        "transferred_out",
     )
 
     def __init__(
@@ -193,6 +198,10 @@ class WorkerRecord:
         self.deadline = deadline
         self.budget = budget
         self.assigned = 0
+        self.http_address = ""  # its HTTP port (/metrics), as it said hello
+        # dependency bytes it fetched from / sent to peers in all, at the last heartbeat
+        self.transferred_in = 0
+        self.transferred_out = 0
 
     def __repr__(self) -> str:
         return f"<Worker {self.address} processing={len(self.processing)}>"
@@ -312,6 +321,7 @@ class TaskState:
         group.states["released"] += 1
         group.prefix.states["released"] += 1
         group.prefix.totals["released"] += 1
+        group.prefix.entered["released"] += 1
         group.alive += 1
         group.prefix.alive += 1
 
@@ -328,6 +338,7 @@ class TaskState:
         prefix = self.prefix
         prefix.states[old] -= 1
         prefix.states[value] += 1
+        prefix.entered[value] += 1
         totals = prefix.totals
         totals[old] -= 1
         totals[value] += 1

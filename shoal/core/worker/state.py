@@ -76,6 +76,8 @@ from shoal.core.worker.release import Releases
 from shoal.protocol import messages as m
 from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Payload
 
+_UNCOUNTED = ("released", "forgotten")  # released: the rest of tasks; forgotten: gone
+
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
 MAX_PIPELINE = 16
 SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
@@ -198,6 +200,9 @@ class WorkerState(Fetching, Releases):
         self._interrupted: dict[WTask, int] = {}
         self._interrupt_ids = 0
         self._unvalidated = 0  # events and instructions since the last full check
+        # Moves into (+1) and out of (-1) each state, kept by _transition: tasks per
+        # state without a scan (task_counts; new tasks start released, uncounted here).
+        self._moves: dict[str, int] = {}
 
     @property
     def executing_count(self) -> int:
@@ -266,6 +271,18 @@ class WorkerState(Fetching, Releases):
             raise InvalidTransition(ts.key, start, finish, self._story.story(ts.key))
         self._record_transition((ts.key, start, finish, sid))
         func(self, ts, sid)
+        moves = self._moves
+        moves[start] = moves.get(start, 0) - 1
+        end = ts.state
+        moves[end] = moves.get(end, 0) + 1
+
+    def task_counts(self) -> dict[str, int]:
+        """Tasks per state (those with any), O(states): for ``/metrics``."""
+        counts = {s: n for s, n in self._moves.items() if n > 0 and s not in _UNCOUNTED}
+        released = len(self.tasks) - sum(counts.values())
+        if released > 0:
+            counts["released"] = released
+        return counts
 
     def _transition_released_waiting(self, ts: WTask, sid: str) -> None:
         ts.state = "waiting"

@@ -83,6 +83,10 @@ def validate_worker_state(state: WorkerState) -> None:
             # an interrupted run is not taken over: what needs the key waits for its end
             _check(ts in interrupted or not (ts.dependents or ts.wanted), f"{where}: needed")
     _check(n_memory == len(state.data), "data holds keys not in memory")
+    scanned: dict[str, int] = {}
+    for ts in tasks.values():
+        scanned[ts.state] = scanned.get(ts.state, 0) + 1
+    _check(state.task_counts() == scanned, f"task_counts {state.task_counts()} != {scanned}")
     _check(n_ready == state._n_ready, f"ready count {state._n_ready} != {n_ready}")
     for ts in running_tasks:
         _check(tasks.get(ts.key) is ts, f"executing {ts!r} not in tasks")

@@ -177,6 +177,19 @@ def main() -> None:
     show_default=True,
     help="Move queued tasks from busy workers to idle ones.",
 )
+@click.option(
+    "--dashboard-address",
+    default=cfg("scheduler.dashboard.address"),
+    show_default=True,
+    help="Where the web dashboard listens: [host]:port (no host: --host's; port 0: any "
+    "free; a port in use: another, with a warning).",
+)
+@click.option(
+    "--dashboard/--no-dashboard",
+    default=cfg("scheduler.dashboard.enabled"),
+    show_default=True,
+    help="Serve the web dashboard.",
+)
 @security_options
 def scheduler(
     host: str,
@@ -191,9 +204,11 @@ def scheduler(
     handshake_timeout: float,
     preload: tuple[str, ...],
     work_stealing: bool,
+    dashboard_address: str,
+    dashboard: bool,
     **options: Any,
 ) -> None:
-    """Start a scheduler and print its address."""
+    """Start a scheduler and print its address (and its dashboard's URL)."""
     from shoal.server.scheduler import Scheduler
 
     _setup_logging(log_level)
@@ -205,6 +220,13 @@ def scheduler(
         raise click.BadParameter("must be positive", param_hint="--handshake-timeout")
     security = make_security(options)
     preloads = _import_preloads(preload)
+    if dashboard:
+        from shoal.dashboard.links import parse_address
+
+        try:
+            parse_address(dashboard_address, host)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--dashboard-address") from None
 
     async def serve() -> None:
         s = Scheduler(
@@ -217,6 +239,7 @@ def scheduler(
             security=security,
             handshake_timeout=handshake_timeout,
             work_stealing=work_stealing,
+            dashboard_address=dashboard_address if dashboard else None,
         )
         await s.start()
         try:
@@ -232,6 +255,13 @@ def scheduler(
             asyncio.ensure_future(_watch_pid(watch_pid, stop))
         if not quiet:
             click.echo(f"shoal scheduler at {s.address}", err=True)
+            if s.dashboard_port:
+                from shoal.core.scheduler.model import parse_host
+                from shoal.dashboard.links import format_link
+
+                url = format_link(parse_host(s.address), s.dashboard_port)
+                needs = " (needs the token: open client.dashboard_link)" if s.security.token else ""
+                click.echo(f"shoal dashboard at {url}{needs}", err=True)
             click.echo(s.address)
         await s.finished()
         await preloads.teardown(s)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.comm.handshake import AuthFailed, ConnectorHandshake, ListenerHandshake
+from shoal.comm.traffic import TRAFFIC
 from shoal.core.story import InvalidState, InvalidTransition
 from shoal.protocol import messages as m
 from shoal.protocol.framing import (
@@ -154,6 +155,7 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
+        TRAFFIC.bytes_in += nbytes
         try:
             if self.handshake is not None:
                 data = bytes(self.decoder.get_buffer()[:nbytes])  # the scratch area
@@ -227,6 +229,7 @@ class Connection(asyncio.BufferedProtocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         msgs = frame.messages
+        TRAFFIC.messages_in += len(msgs)
         if self._pending and any(type(msg) in _REPLIES for msg in msgs):
             try:
                 frame = self._resolve_replies(frame)
@@ -329,6 +332,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed or self.transport is None:
             return
         self.flush()
+        TRAFFIC.messages_out += 1
         self._write(pieces)
 
     def last_queued(self) -> m.Message | None:
@@ -343,12 +347,14 @@ class Connection(asyncio.BufferedProtocol):
             return  # sent once our part of the preamble is out
         out, bufs = self._out, self._out_buffers
         self._out, self._out_buffers = [], []
+        TRAFFIC.messages_out += len(out)
         self._write(encode_frame(out, bufs))
 
     def _write(self, pieces: list[bytes | memoryview]) -> None:
         """Write the pieces of a frame: small ones joined, large ones in chunks as the
         transport drains, behind whatever is still queued."""
         assert self.transport is not None
+        TRAFFIC.bytes_out += sum(_nbytes(p) for p in pieces)
         if not self._wqueue and all(_nbytes(p) <= SMALL_PIECE for p in pieces):
             self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             return

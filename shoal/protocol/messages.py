@@ -44,7 +44,7 @@ import msgspec
 #    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
 #    ActorCall, ActorReply).
 # 12: the task stream (TaskStreamRequest, TaskStreamReply, TaskStreamRecord).
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -178,6 +178,7 @@ class Welcome(Message):
     version: int
     id: str  # the scheduler's (or worker's) identity
     assigned: str = ""  # client id or worker name as the server records it
+    dashboard_port: int = 0  # the scheduler's dashboard (HTTP) port; 0: none
 
 
 class Refused(Message):
@@ -337,6 +338,13 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     pins: list[PinInfo] = []  # the pins holding it
     lifetime_left: float | None = None  # seconds to its deadline (None: no lifetime)
     tasks_left: int | None = None  # tasks it may still be given (None: no budget)
+    # Telemetry from its last heartbeat, for the dashboard.
+    spilled: int = 0  # bytes of results spilled to disk
+    cpu: float = 0.0  # process CPU, percent of one core
+    net_in: float = 0.0  # host network bytes/s received
+    net_out: float = 0.0  # host network bytes/s sent
+    memory_pause: float | None = None  # fractions of memory_limit (None: off)
+    memory_terminate: float | None = None
 
 
 class InfoReply(Message):
@@ -617,6 +625,14 @@ class Heartbeat(Message):
     memory: int = 0
     spilled: int = 0
     executing: int = 0
+    # For the dashboard: process CPU (percent of one core), the host's network bytes/s
+    # in and out since the previous beat, and the memory fractions at which it pauses
+    # and its nanny restarts it (None: off).
+    cpu: float = 0.0
+    net_in: float = 0.0
+    net_out: float = 0.0
+    memory_pause: float | None = None
+    memory_terminate: float | None = None
 
 
 class HeartbeatReply(Message):

@@ -16,6 +16,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -31,6 +32,8 @@ from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 from shoal.server import remote_run
 from shoal.server.coordination import DeadlineTimer
+from shoal.server.dashboard import start_dashboard, stop_dashboard
+from shoal.server.monitor import Monitor
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -78,7 +81,14 @@ class Scheduler:
         security: Security | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         work_stealing: bool = True,
+        dashboard_address: str | None = None,
     ):
+        # "[host]:port" of the dashboard (no host: this scheduler's; port 0: a free one);
+        # None: no dashboard (see shoal/server/dashboard.py).
+        self.dashboard_address = dashboard_address
+        self.dashboard: Any = None  # shoal.dashboard.app.Dashboard, once listening
+        self.dashboard_port = 0
+        self.monitor: Monitor | None = None  # CPU, memory, loop latency, rates (with a dashboard)
         self.security = security or Security()  # token / TLS for every connection
         self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
@@ -138,6 +148,8 @@ class Scheduler:
             self.host, self.port, self._accept, self.security, self.handshake_timeout
         )
         self.address = advertised_listener(listening)  # --host 0.0.0.0: a reachable one
+        if self.dashboard_address is not None:
+            await start_dashboard(self)
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
@@ -148,6 +160,8 @@ class Scheduler:
 
     def write_scheduler_file(self, path: str | os.PathLike[str]) -> None:
         data = {"address": self.address, "id": self.id, "pid": os.getpid()}
+        if self.dashboard_port:
+            data["dashboard_port"] = self.dashboard_port
         tmp = Path(f"{path}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: readers never see half a file
@@ -161,6 +175,7 @@ class Scheduler:
 
     async def close(self) -> None:
         await self.plugins.close()
+        await stop_dashboard(self)
         if self._server is not None:
             self._server.close()
         for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
@@ -266,7 +281,7 @@ class Scheduler:
         client_id = f"client-{next(self._client_ids)}-{hello.name or 'anonymous'}"
         self._clients[client_id] = conn
         self.state.add_client(client_id)
-        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id))
+        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id, self.dashboard_port))
         if self.plugins.watching_clients:
             self.plugins.add_client(client_id)
         if hello.subscribe:  # clients inside tasks do not: they would multiply the pushes

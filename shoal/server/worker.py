@@ -78,6 +78,7 @@ from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
+from shoal.server.telemetry import Telemetry
 from shoal.shuffle._worker import ShuffleService
 
 logger = logging.getLogger("shoal.worker")
@@ -162,6 +163,7 @@ class Worker:
         ).check()
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
         self.memory_fractions = MemoryFractions() if memory_fractions is None else memory_fractions
+        self._telemetry: Telemetry | None = None  # CPU and network, for heartbeats
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
@@ -373,7 +375,21 @@ class Worker:
     def _heartbeat_message(self, request_id: int) -> m.Message:
         assert self.state is not None
         memory, spilled = self.memory_metrics()
-        return m.Heartbeat(request_id, memory, spilled, self.state.executing_count)
+        if self._telemetry is None:
+            self._telemetry = Telemetry()
+        cpu, net_in, net_out = self._telemetry.sample()
+        _, _, pause, terminate = self.memory_fractions
+        return m.Heartbeat(
+            request_id,
+            memory,
+            spilled,
+            self.state.executing_count,
+            cpu,
+            net_in,
+            net_out,
+            pause,
+            terminate,
+        )
 
     def memory_metrics(self) -> tuple[int, int]:
         """(process memory, bytes of spilled results on disk), for heartbeats."""

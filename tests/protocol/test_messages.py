@@ -31,7 +31,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         lifetime=3300.0,
         max_tasks=5,
     ),
-    m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
+    m.Welcome: m.Welcome(
+        version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7", dashboard_port=8787
+    ),
     m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
     m.SubmitTasks: m.SubmitTasks(
         tasks=[
@@ -107,6 +109,12 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 pins=[m.PinInfo(3, "shuffle", "client:client-1-x", expires=1.7e9)],
                 lifetime_left=120.5,
                 tasks_left=3,
+                spilled=2048,
+                cpu=87.5,
+                net_in=1.5e6,
+                net_out=2.5e5,
+                memory_pause=0.8,
+                memory_terminate=0.95,
             )
         ],
         tasks=12,
@@ -170,7 +178,17 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     ),
     m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
     m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
-    m.Heartbeat: m.Heartbeat(request_id=11, memory=2**31, spilled=1024, executing=3),
+    m.Heartbeat: m.Heartbeat(
+        request_id=11,
+        memory=2**31,
+        spilled=1024,
+        executing=3,
+        cpu=150.0,
+        net_in=3e6,
+        net_out=1e3,
+        memory_pause=0.8,
+        memory_terminate=None,
+    ),
     m.HeartbeatReply: m.HeartbeatReply(request_id=11, interval=0.5),
     m.WorkerStatus: m.WorkerStatus(status="paused", stimulus_id="s-12"),
     m.WorkerExited: m.WorkerExited(

@@ -49,6 +49,19 @@ SECURITY_HEADERS = {
 }
 
 
+CONTENT_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".txt": "text/plain",
+}
+
+
+def path_suffix(name: str) -> str:
+    return name[name.rfind(".") :] if "." in name else ""
+
+
 def json_response(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         body=_encode(data),
@@ -97,6 +110,7 @@ class Dashboard:
         self.cookie_name = "shoal-dashboard"  # per port once the port is known
         self.nonces = NonceRegistry()
         self.hub = PushHub(scheduler)
+        self._files: dict[str, bytes] = {}
         self._runner: web.AppRunner | None = None
 
     def make_app(self) -> web.Application:
@@ -221,15 +235,21 @@ class Dashboard:
         return response
 
     async def _page(self, request: web.Request) -> web.StreamResponse:
-        name = request.path.strip("/")
-        return web.FileResponse(STATIC / f"{name}.html", headers={"Cache-Control": "no-store"})
+        return self._file(f"{request.path.strip('/')}.html")
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        path = STATIC / name
-        if "/" in name or name.startswith(".") or not path.is_file():
-            raise web.HTTPNotFound(reason=f"no static file {name!r}")
-        return web.FileResponse(path)
+        return self._file(request.match_info["name"])
+
+    def _file(self, name: str) -> web.Response:
+        """A file of ``static/``, read once (a few kB each; no executor thread)."""
+        body = self._files.get(name)
+        if body is None:
+            path = STATIC / name
+            if "/" in name or name.startswith(".") or not path.is_file():
+                raise web.HTTPNotFound(reason=f"no static file {name!r}")
+            body = self._files[name] = path.read_bytes()
+        kind = CONTENT_TYPES.get(path_suffix(name), "application/octet-stream")
+        return web.Response(body=body, content_type=kind, headers={"Cache-Control": "no-cache"})
 
     def _api(self, build: Callable[[web.Request], Any]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:

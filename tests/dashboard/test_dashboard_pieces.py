@@ -135,3 +135,16 @@ def test_parse_dashboard_address() -> None:
         parse_address("localhost:http", "h")
     with pytest.raises(ValueError, match="out of range"):
         parse_address(":70000", "h")
+
+
+def test_no_web_framework_until_a_dashboard_listens() -> None:
+    """aiohttp is imported only when a scheduler opens a dashboard port."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, shoal, shoal.server.scheduler, shoal.server.worker, shoal.deploy.local, "
+        "shoal.client.client, shoal.dashboard.links, shoal.dashboard.api, shoal.dashboard.push\n"
+        "assert 'aiohttp' not in sys.modules, 'aiohttp imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

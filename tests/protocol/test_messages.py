@@ -187,7 +187,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         net_in=3e6,
         net_out=1e3,
         memory_pause=0.8,
-        memory_terminate=None,
+        memory_terminate=0.95,
     ),
     m.HeartbeatReply: m.HeartbeatReply(request_id=11, interval=0.5),
     m.WorkerStatus: m.WorkerStatus(status="paused", stimulus_id="s-12"),

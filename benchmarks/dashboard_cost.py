@@ -333,6 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                 for pages in args.pages:
                     run = idle_run if scenario == "idle" else map_run
                     results.append(run(system, pages, repeat, args))
+                    # after every run: an interrupted benchmark keeps what it measured
+                    Path(args.out).write_text(report(results, args, summarize(results, args)))
     table = summarize(results, args)
     print(table)
     Path(args.out).write_text(report(results, args, table))

@@ -25,7 +25,9 @@ def fail(x: int) -> int:
 @pytest.fixture(scope="module")
 def open_cluster() -> Iterator[LocalCluster]:
     """No token: the dashboard is open, as Dask's."""
-    with LocalCluster(n_workers=2, processes=False, token=False, timeout=30) as c:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, token=False, timeout=30
+    ) as c:
         yield c
 
 

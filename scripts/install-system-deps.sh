@@ -2,11 +2,12 @@
 # System packages the tests need beyond Python: a real SLURM (slurm-wlm, munge) and Grid
 # Engine (gridengine-*), which tests/jobqueue start on this machine, and `ip` (iproute2)
 # and nsenter/unshare (util-linux) for the multi-host tests, which build hosts from
-# network namespaces. Idempotent and quick when they are there; needs root and apt-get,
+# network namespaces; Chromium (chromium) for the dashboard's browser tests
+# (tests/browser, driven by playwright, which never downloads its own browsers). Idempotent and quick when they are there; needs root and apt-get,
 # and otherwise says so and does nothing (those tests then skip with the reason, and
 # fail under CI=true).
 set -euo pipefail
-packages=(slurm-wlm munge gridengine-master gridengine-exec gridengine-client)
+packages=(slurm-wlm munge gridengine-master gridengine-exec gridengine-client chromium)
 missing=()
 for package in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

@@ -178,6 +178,19 @@ def main() -> None:
     show_default=True,
     help="Move queued tasks from busy workers to idle ones.",
 )
+@click.option(
+    "--dashboard-address",
+    default=cfg("scheduler.dashboard.address"),
+    show_default=True,
+    help="Where the web dashboard listens: [host]:port (no host: --host's; port 0: any "
+    "free; a port in use: another, with a warning).",
+)
+@click.option(
+    "--dashboard/--no-dashboard",
+    default=cfg("scheduler.dashboard.enabled"),
+    show_default=True,
+    help="Serve the web dashboard.",
+)
 @security_options
 @metrics_options
 def scheduler(
@@ -195,9 +208,11 @@ def scheduler(
     work_stealing: bool,
     metrics_address: str | None,
     metrics_token: str | None,
+    dashboard_address: str,
+    dashboard: bool,
     **options: Any,
 ) -> None:
-    """Start a scheduler and print its address."""
+    """Start a scheduler and print its address (and its dashboard's URL)."""
     from shoal.server.scheduler import Scheduler
 
     _setup_logging(log_level)
@@ -209,6 +224,13 @@ def scheduler(
         raise click.BadParameter("must be positive", param_hint="--handshake-timeout")
     security = make_security(options)
     preloads = _import_preloads(preload)
+    if dashboard:
+        from shoal.dashboard.links import parse_address
+
+        try:
+            parse_address(dashboard_address, host)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--dashboard-address") from None
 
     async def serve() -> None:
         s = Scheduler(
@@ -223,6 +245,7 @@ def scheduler(
             work_stealing=work_stealing,
             metrics_address=http_option(metrics_address, "--metrics-address"),
             metrics_token=metrics_token or None,
+            dashboard_address=dashboard_address if dashboard else None,
         )
         try:
             await s.start()
@@ -243,6 +266,13 @@ def scheduler(
             click.echo(f"shoal scheduler at {s.address}", err=True)
             if s.metrics_url:
                 click.echo(f"shoal scheduler metrics at {s.metrics_url}/metrics", err=True)
+            if s.dashboard_port:
+                from shoal.core.scheduler.model import parse_host
+                from shoal.dashboard.links import format_link
+
+                url = format_link(parse_host(s.address), s.dashboard_port)
+                needs = " (needs the token: open client.dashboard_link)" if s.security.token else ""
+                click.echo(f"shoal dashboard at {url}{needs}", err=True)
             click.echo(s.address)
         await s.finished()
         await preloads.teardown(s)

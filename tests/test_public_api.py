@@ -59,5 +59,5 @@ def test_no_accidental_public_modules():
     modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli", "shuffle"}
     modules |= {"plugins", "jobqueue"}
     modules |= {"config"}  # shoal.config: dask.config keys under shoal.*
-    modules |= {"dashboard"}  # shoal.dashboard: HTTP, /metrics, performance reports
+    modules |= {"dashboard"}  # shoal.dashboard: the dashboard, /metrics, performance reports
     assert public - set(shoal.__all__) <= modules

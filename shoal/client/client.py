@@ -148,6 +148,7 @@ class Client(
         self._watch_ids = itertools.count(1)
         self.name = name or f"pid{os.getpid()}"
         self.id = ""
+        self.dashboard_port = 0
         self.cluster: Any = None
         self._own_cluster = False
         self._address_arg = address
@@ -224,6 +225,7 @@ class Client(
             address, hello, timeout=self.timeout, security=self.security
         )
         self.id = welcome.assigned
+        self.dashboard_port = welcome.dashboard_port  # 0: the scheduler serves no dashboard
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
         if not self.forward_output:

@@ -79,10 +79,17 @@ def resources_text(workers: int, threads: int, memory: int) -> str:
 def html_table(title: str, rows: list[tuple[str, str]]) -> str:
     cells = "".join(
         f"<tr><th style='text-align: left'>{html.escape(k)}</th>"
-        f"<td style='text-align: left'>{html.escape(v)}</td></tr>"
+        f"<td style='text-align: left'>{_html_value(k, v)}</td></tr>"
         for k, v in rows
     )
     return f"<div><h3 style='margin-bottom: 0.2em'>{html.escape(title)}</h3><table>{cells}</table></div>"
+
+
+def _html_value(name: str, value: str) -> str:
+    if name == "Dashboard":  # a link to open
+        link = html.escape(value)
+        return f"<a href='{link}' target='_blank'>{link}</a>"
+    return html.escape(value)
 
 
 class ConstructionMixin:
@@ -161,9 +168,12 @@ class ConstructionMixin:
 
     @property
     def dashboard_link(self) -> str | None:
-        """The dashboard's address. Hook for the dashboard issue: None while shoal has
-        no dashboard (then the reprs show no link)."""
-        return None
+        """The dashboard's status page (None: the scheduler serves none), formatted
+        with the link template (``SHOAL_DASHBOARD_LINK``, config ``shoal.dashboard.link``).
+        With a cluster token, a fresh one-time login link to it each time."""
+        from shoal.client.dashboard import client_dashboard_link
+
+        return client_dashboard_link(self)
 
     def _resources(self) -> tuple[int, int, int] | None:
         """(workers, threads, memory limit) from the latest summary the scheduler
@@ -178,7 +188,9 @@ class ConstructionMixin:
         where = f"scheduler={self.scheduler_address!r}"
         if got is None or self.status != "running":
             return f"<Client {self.id or '?'} {where} status={self.status}>"
-        return f"<Client {self.id} {where} {resources_text(*got)}>"
+        link = self.dashboard_link
+        shown = f" dashboard={link!r}" if link else ""
+        return f"<Client {self.id} {where} {resources_text(*got)}{shown}>"
 
     def _repr_html_(self) -> str:
         rows = [("Client", self.id or "?"), ("Scheduler", self.scheduler_address or "?")]

@@ -9,7 +9,7 @@ Prometheus server scrapes (bind it to a private interface).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -21,8 +21,10 @@ if TYPE_CHECKING:
     from shoal.server.worker import Worker
 
 
-def _metrics_handler(render: Callable[[], bytes]) -> Callable[[web.Request], object]:
-    async def metrics(request: web.Request) -> web.Response:
+def metrics_handler(
+    render: Callable[[], bytes],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def metrics(request: web.Request) -> web.StreamResponse:
         return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE})
 
     return metrics
@@ -35,7 +37,7 @@ async def _health(request: web.Request) -> web.Response:
 def metrics_app(render: Callable[[], bytes], token: str | None) -> web.Application:
     """An application serving only ``/metrics`` (behind ``token`` if given)."""
     app = web.Application()
-    app.router.add_get("/metrics", bearer_required(token, _metrics_handler(render)))  # type: ignore[arg-type]
+    app.router.add_get("/metrics", bearer_required(token, metrics_handler(render)))
     return app
 
 
@@ -49,8 +51,8 @@ async def open_metrics_site(
 
 def worker_app(worker: Worker, token: str | None) -> web.Application:
     app = web.Application()
-    render = _metrics_handler(lambda: render_worker_metrics(worker))
-    app.router.add_get("/metrics", bearer_required(token, render))  # type: ignore[arg-type]
+    render = metrics_handler(lambda: render_worker_metrics(worker))
+    app.router.add_get("/metrics", bearer_required(token, render))
     app.router.add_get("/health", _health)
     return app
 

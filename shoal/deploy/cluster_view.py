@@ -16,6 +16,8 @@ class ClusterViewMixin:
     memory_limit: int | None
     status: str
     _scheduler: Any
+    dashboard_port: int
+    security: Any
     _by_name: dict[str, Any]
 
     if TYPE_CHECKING:
@@ -44,9 +46,11 @@ class ClusterViewMixin:
 
     @property
     def dashboard_link(self) -> str | None:
-        """The dashboard's address. Hook for the dashboard issue: None while shoal has
-        no dashboard (then the reprs show no link)."""
-        return None
+        """The dashboard's status page (None: ``dashboard_address=None``); with the
+        cluster's token, a fresh one-time login link to it each time."""
+        from shoal.client.dashboard import dashboard_link_for
+
+        return dashboard_link_for(self.scheduler_address, self.dashboard_port, self.security)
 
     def _totals(self) -> tuple[int, int, int | None]:
         n = len(self._worker_names()) if self.status == "running" else 0
@@ -55,9 +59,12 @@ class ClusterViewMixin:
 
     def __repr__(self) -> str:
         workers, threads, memory = self._totals()
+        link = self.dashboard_link
+        shown = f", dashboard={link!r}" if link else ""
         return (
             f"LocalCluster({self.scheduler_address!r}, workers={workers}, threads={threads}, "
-            f"memory={format_bytes(memory)}, processes={self.processes}, status={self.status})"
+            f"memory={format_bytes(memory)}, processes={self.processes}, status={self.status}"
+            f"{shown})"
         )
 
     def _repr_html_(self) -> str:

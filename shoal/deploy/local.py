@@ -44,6 +44,7 @@ from shoal.deploy.elastic import ElasticCluster
 from shoal.protocol.messages import check_resources
 
 _live: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+DEFAULT_DASHBOARD: Any = "<loopback, a free port>"  # dashboard_address left out
 
 
 class LocalCluster(ClusterViewMixin, ElasticCluster):
@@ -74,6 +75,7 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         max_tasks: int | None = None,
         work_stealing: bool = True,
         worker_dashboard_address: str | None = None,
+        dashboard_address: str | None = DEFAULT_DASHBOARD,
     ):
         from shoal.server.memory import MemoryFractions, parse_memory_limit
 
@@ -104,6 +106,11 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         self.allowed_failures = allowed_failures  # deaths under a task before KilledWorker
         self.worker_ttl = worker_ttl  # seconds without a heartbeat before a worker is removed
         self.work_stealing = work_stealing  # queued tasks move from busy to idle workers
+        # "[host]:port" (default: loopback, a free port); None: no dashboard.
+        self.dashboard_address = (
+            f"{host}:0" if dashboard_address is DEFAULT_DASHBOARD else dashboard_address
+        )
+        self.dashboard_port = 0  # once the scheduler listens
         self.interrupt_grace = interrupt_grace  # then a force-cancelled stuck task restarts it
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         # Each worker's HTTP port (/metrics), e.g. ":0"; None: none (as Dask's LocalCluster)
@@ -182,6 +189,11 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
             *("--allowed-failures", str(self.allowed_failures)),
             *("--worker-ttl", str(self.worker_ttl)),
             *([] if self.work_stealing else ["--no-work-stealing"]),
+            *(
+                ["--no-dashboard"]
+                if self.dashboard_address is None
+                else ["--dashboard-address", self.dashboard_address]
+            ),
         )
         deadline = time.monotonic() + self.timeout
         while not os.path.exists(sched_file):
@@ -191,7 +203,9 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
                 raise TimeoutError(f"the scheduler did not start within {self.timeout}s")
             time.sleep(0.01)
         with open(sched_file) as f:
-            self.scheduler_address = json.load(f)["address"]
+            info = json.load(f)
+        self.scheduler_address = info["address"]
+        self.dashboard_port = int(info.get("dashboard_port", 0))
         for _ in range(self.n_workers):
             self._spawn_worker(next(self._names))
         self.wait_for_workers(self.n_workers, max(1.0, deadline - time.monotonic()))
@@ -269,8 +283,10 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
                 allowed_failures=self.allowed_failures,
                 worker_ttl=self.worker_ttl,
                 work_stealing=self.work_stealing,
+                dashboard_address=self.dashboard_address,
             ).start()
             self.scheduler_address = self._scheduler.address
+            self.dashboard_port = self._scheduler.dashboard_port
             for _ in range(self.n_workers):
                 await self._start_in_process_worker(next(self._names))
 

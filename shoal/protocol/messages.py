@@ -181,6 +181,7 @@ class Welcome(Message):
     version: int
     id: str  # the scheduler's (or worker's) identity
     assigned: str = ""  # client id or worker name as the server records it
+    dashboard_port: int = 0  # the scheduler's dashboard (HTTP) port; 0: none
 
 
 class Refused(Message):
@@ -343,6 +344,13 @@ class WorkerInfo(msgspec.Struct, array_like=True, gc=False):
     http_address: str = ""  # its HTTP port, e.g. "http://10.0.0.5:40123" ("": none)
     transferred_in: int = 0  # bytes of dependencies it fetched from peers, in all
     transferred_out: int = 0  # bytes it sent to peers that fetched from it, in all
+    # Telemetry from its last heartbeat, for the dashboard.
+    spilled: int = 0  # bytes of results spilled to disk
+    cpu: float = 0.0  # process CPU, percent of one core
+    net_in: float = 0.0  # host network bytes/s received
+    net_out: float = 0.0  # host network bytes/s sent
+    memory_pause: float | None = None  # fractions of memory_limit (None: off)
+    memory_terminate: float | None = None
 
 
 class InfoReply(Message):
@@ -626,6 +634,14 @@ class Heartbeat(Message):
     # A worker's totals of dependency bytes fetched from / sent to peers since it started.
     transferred_in: int = 0
     transferred_out: int = 0
+    # For the dashboard: process CPU (percent of one core), the host's network bytes/s
+    # in and out since the previous beat, and the memory fractions at which it pauses
+    # and its nanny restarts it (None: off).
+    cpu: float = 0.0
+    net_in: float = 0.0
+    net_out: float = 0.0
+    memory_pause: float | None = None
+    memory_terminate: float | None = None
 
 
 class HeartbeatReply(Message):

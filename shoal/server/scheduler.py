@@ -33,7 +33,9 @@ from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError, encode_frame
 from shoal.server import remote_run
 from shoal.server.coordination import DeadlineTimer
+from shoal.server.dashboard import start_dashboard, stop_dashboard
 from shoal.server.loop_latency import LoopLatency
+from shoal.server.monitor import Monitor
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -83,7 +85,14 @@ class Scheduler:
         work_stealing: bool = True,
         metrics_address: str | None = None,
         metrics_token: str | None = None,
+        dashboard_address: str | None = None,
     ):
+        # "[host]:port" of the dashboard (no host: this scheduler's; port 0: a free one);
+        # None: no dashboard (see shoal/server/dashboard.py).
+        self.dashboard_address = dashboard_address
+        self.dashboard: Any = None  # shoal.dashboard.app.Dashboard, once listening
+        self.dashboard_port = 0
+        self.monitor: Monitor | None = None  # CPU, memory, loop latency, rates (with a dashboard)
         self.security = security or Security()  # token / TLS for every connection
         self.handshake_timeout = handshake_timeout  # to send a complete Hello, or be closed
         self.owns_process = owns_process  # the CLI's scheduler may tune process-wide settings
@@ -163,6 +172,8 @@ class Scheduler:
                 self._server.close()
                 raise
         self.loop_latency.start()
+        if self.dashboard_address is not None:
+            await start_dashboard(self)
         self._watchdog = asyncio.ensure_future(self._check_heartbeats())
         self._pusher = asyncio.ensure_future(self._push_summaries())
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
@@ -189,6 +200,8 @@ class Scheduler:
         data = {"address": self.address, "id": self.id, "pid": os.getpid()}
         if self.metrics_url:
             data["metrics"] = f"{self.metrics_url}/metrics"  # --metrics-address
+        if self.dashboard_port:
+            data["dashboard_port"] = self.dashboard_port
         tmp = Path(f"{path}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: readers never see half a file
@@ -202,6 +215,7 @@ class Scheduler:
 
     async def close(self) -> None:
         await self.plugins.close()
+        await stop_dashboard(self)
         if self._server is not None:
             self._server.close()
         for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
@@ -311,7 +325,7 @@ class Scheduler:
         client_id = f"client-{next(self._client_ids)}-{hello.name or 'anonymous'}"
         self._clients[client_id] = conn
         self.state.add_client(client_id)
-        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id))
+        conn.send(m.Welcome(m.PROTOCOL_VERSION, self.id, client_id, self.dashboard_port))
         if self.plugins.watching_clients:
             self.plugins.add_client(client_id)
         if hello.subscribe:  # clients inside tasks do not: they would multiply the pushes

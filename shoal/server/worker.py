@@ -80,6 +80,7 @@ from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
+from shoal.server.telemetry import Telemetry
 from shoal.server.transfers import TransferTotals
 from shoal.shuffle._worker import ShuffleService
 
@@ -168,6 +169,7 @@ class Worker:
         ).check()
         self.memory_limit = psutil.virtual_memory().total if memory_limit is None else memory_limit
         self.memory_fractions = MemoryFractions() if memory_fractions is None else memory_fractions
+        self._telemetry: Telemetry | None = None  # CPU and network, for heartbeats
         self.zero = zero  # report every task done at once: measures scheduler overhead
         self.validate = validate
         self.owns_process = owns_process  # the CLI's worker may tune process-wide settings
@@ -400,9 +402,22 @@ class Worker:
     def _heartbeat_message(self, request_id: int) -> m.Message:
         assert self.state is not None
         memory, spilled = self.memory_metrics()
-        moved, executing = self.transfers, self.state.executing_count
+        if self._telemetry is None:
+            self._telemetry = Telemetry()
+        cpu, net_in, net_out = self._telemetry.sample()
+        _, _, pause, terminate = self.memory_fractions
         return m.Heartbeat(
-            request_id, memory, spilled, executing, moved.incoming_bytes, moved.outgoing_bytes
+            request_id,
+            memory,
+            spilled,
+            self.state.executing_count,
+            transferred_in=self.transfers.incoming_bytes,
+            transferred_out=self.transfers.outgoing_bytes,
+            cpu=cpu,
+            net_in=net_in,
+            net_out=net_out,
+            memory_pause=pause,
+            memory_terminate=terminate,
         )
 
     @property

@@ -1,14 +1,11 @@
 """The performance report opened in a real browser (Debian's headless Chromium, driven
 by playwright): its script renders the block's prefixes and task counts into the page,
 the task stream and memory charts are drawn, and nothing is logged as an error. A
-screenshot goes to artifacts/screenshots/performance_report.png."""
+screenshot goes to artifacts/screenshots/performance_report.png (fixtures: conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +14,6 @@ import pytest
 from shoal import Client, LocalCluster, performance_report
 
 pytestmark = pytest.mark.timeout(120)
-
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Headless Chromium (the system's: playwright's own browsers are never
-    downloaded). Missing: skipped, except under CI=true, where it must be there."""
-    missing = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing = "playwright is not installed (pip install playwright)"
-    if missing is None and not shutil.which(CHROMIUM):
-        missing = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-    if missing is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
 
 def square(x: int) -> int:
     time.sleep(0.005)
@@ -58,7 +28,7 @@ def total(xs: list[int]) -> int:
     return sum(xs)
 
 
-def test_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
+def test_report_renders_in_chromium(open_page: Any, tmp_path: Path) -> None:
     path = tmp_path / "report.html"
     with (
         LocalCluster(n_workers=2, threads_per_worker=2, processes=False) as cluster,
@@ -69,10 +39,8 @@ def test_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
         assert client.submit(total, futures).result(timeout=30) == sum(x * x for x in range(24))
         bad = client.map(fail, range(3))
         client.gather(bad, errors="skip")
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
-    errors: list[str] = []
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    watched = open_page()
+    page = watched.page
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     page.goto(path.as_uri())
@@ -95,8 +63,6 @@ def test_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
     assert len(page.query_selector_all("#memory polyline")) == 2
     assert len(page.query_selector_all("#transfers tr[data-worker]")) == 2
     assert "performance_report(filename=str(path), client=client)" in page.text_content("#code")
-    assert errors == []
+    assert watched.errors == []
     assert requests == [path.as_uri()]  # nothing fetched but the file itself
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "performance_report.png"), full_page=True)
-    page.close()
+    watched.screenshot("performance_report")

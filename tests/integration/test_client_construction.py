@@ -81,7 +81,10 @@ def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None
         html = c._repr_html_()
         assert "<table>" in html and inproc_cluster.scheduler_address in html
         assert "Workers</th><td style='text-align: left'>2<" in html
-        assert c.dashboard_link is None and "Dashboard" not in html  # no dashboard yet
+        link = c.dashboard_link  # the cluster has a token: a one-time login link
+        assert link is not None and "/login?" in link and "next=status" in link
+        assert "Dashboard" in html and "<a href=" in html and "dashboard=" in text
+        assert inproc_cluster.dashboard_link is not None and "dashboard=" in repr(inproc_cluster)
         ctext = repr(inproc_cluster)
         assert "workers=2, threads=2" in ctext and "status=running" in ctext
         assert "Threads</th><td style='text-align: left'>2<" in inproc_cluster._repr_html_()

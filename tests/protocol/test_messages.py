@@ -32,7 +32,9 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         max_tasks=5,
         http_address="http://10.0.0.1:4001",
     ),
-    m.Welcome: m.Welcome(version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7"),
+    m.Welcome: m.Welcome(
+        version=m.PROTOCOL_VERSION, id="scheduler-1", assigned="client-7", dashboard_port=8787
+    ),
     m.Refused: m.Refused(reason="protocol version mismatch: 1 != 2"),
     m.SubmitTasks: m.SubmitTasks(
         tasks=[
@@ -111,6 +113,12 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 http_address="http://w:8788",
                 transferred_in=2048,
                 transferred_out=4096,
+                spilled=2048,
+                cpu=87.5,
+                net_in=1.5e6,
+                net_out=2.5e5,
+                memory_pause=0.8,
+                memory_terminate=0.95,
             )
         ],
         tasks=12,
@@ -181,6 +189,11 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         executing=3,
         transferred_in=10,
         transferred_out=20,
+        cpu=150.0,
+        net_in=3e6,
+        net_out=1e3,
+        memory_pause=0.8,
+        memory_terminate=0.95,
     ),
     m.HeartbeatReply: m.HeartbeatReply(request_id=11, interval=0.5),
     m.WorkerStatus: m.WorkerStatus(status="paused", stimulus_id="s-12"),

@@ -62,30 +62,43 @@ class Introspection:
         Every field is a value the record keeps (its host was parsed when it joined)."""
         stop = None if limit < 0 else start + limit
         return [
-            m.WorkerInfo(
-                ws.address,
-                ws.name,
-                ws.host,
-                ws.nthreads,
-                ws.memory_limit,
-                len(ws.processing),
-                ws.nbytes,
-                ws.tasks_run,
-                ws.resources,
-                ws.pid,
-                ws.status,
-                ws.memory,
-                [m.PinInfo(p.id, p.reason, p.owner, p.expires) for p in self.pins_of(ws.address)]
-                if ws.pins
-                else [],
-                None if ws.deadline is None else max(0.0, ws.deadline - self.wall_time),
-                None if ws.budget is None else max(0, ws.budget - ws.assigned),
-                ws.http_address,
-                ws.transferred_in,
-                ws.transferred_out,
-            )
+            self._worker_info(ws)
             for ws in itertools.islice(self.workers.values(), max(0, start), stop)
         ]
+
+    def worker_info(self, address: str) -> m.WorkerInfo | None:
+        ws = self.workers.get(address)
+        return None if ws is None else self._worker_info(ws)
+
+    def _worker_info(self, ws: WorkerRecord) -> m.WorkerInfo:
+        return m.WorkerInfo(
+            ws.address,
+            ws.name,
+            ws.host,
+            ws.nthreads,
+            ws.memory_limit,
+            len(ws.processing),
+            ws.nbytes,
+            ws.tasks_run,
+            ws.resources,
+            ws.pid,
+            ws.status,
+            ws.memory,
+            [m.PinInfo(p.id, p.reason, p.owner, p.expires) for p in self.pins_of(ws.address)]
+            if ws.pins
+            else [],
+            None if ws.deadline is None else max(0.0, ws.deadline - self.wall_time),
+            None if ws.budget is None else max(0, ws.budget - ws.assigned),
+            http_address=ws.http_address,
+            transferred_in=ws.transferred_in,
+            transferred_out=ws.transferred_out,
+            spilled=ws.spilled,
+            cpu=ws.cpu,
+            net_in=ws.net_in,
+            net_out=ws.net_out,
+            memory_pause=ws.memory_pause,
+            memory_terminate=ws.memory_terminate,
+        )
 
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         return self.log.story(*keys)
@@ -103,13 +116,17 @@ class Introspection:
             [counts_of(tp) for tp in self.prefixes.values() if tp.alive],
         )
 
-    def task_groups(self, prefix: str = "", limit: int = 100) -> tuple[list[m.PrefixCounts], int]:
+    def task_groups(
+        self, prefix: str = "", limit: int = 100, start: int = 0
+    ) -> tuple[list[m.PrefixCounts], int]:
         """The newest ``limit`` groups alive (of ``prefix``, if given), newest first,
-        and how many are alive: O(limit), whatever the number of groups."""
+        skipping the ``start`` newest, and how many are alive: O(start + limit),
+        whatever the number of groups."""
         if prefix:
             tp = self.prefixes.get(prefix)
             source = tp.groups if tp is not None else {}
         else:
             source = self.groups
-        newest = itertools.islice(reversed(source.values()), max(0, limit))
+        start = max(0, start)
+        newest = itertools.islice(reversed(source.values()), start, start + max(0, limit))
         return [counts_of(tg) for tg in newest], len(source)

@@ -109,6 +109,7 @@ class Membership:
         self.death_reasons: dict[str, str] = {}
         self._copies: dict[TaskState, tuple[WorkerRecord, float]] = {}  # key -> to, when
         self._now = 0.0  # the latest time an event carried
+        self.heartbeats = 0  # worker heartbeats applied: their telemetry changed
         self.total_threads = 0  # over the workers, kept as they come and go
         self.total_memory = 0
         self.total_nbytes = 0  # results held, over the workers
@@ -258,11 +259,18 @@ class Membership:
         self._now = max(self._now, now)
         ws = self.workers.get(address)
         if ws is not None:
+            self.heartbeats += 1
             ws.last_seen = now
             ws.memory = msg.memory
             ws.spilled = msg.spilled
             ws.transferred_in = msg.transferred_in
             ws.transferred_out = msg.transferred_out
+            ws.cpu = msg.cpu
+            ws.net_in = msg.net_in
+            ws.net_out = msg.net_out
+            ws.memory_pause = msg.memory_pause
+            ws.memory_terminate = msg.memory_terminate
+            ws.history.append((now, msg.memory, msg.cpu, msg.spilled))
             if address in self.retiring:
                 self._retry_copies(ws)
                 self._done(f"heartbeat-{address}")

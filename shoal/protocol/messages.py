@@ -45,7 +45,9 @@ import msgspec
 #    ActorCall, ActorReply).
 # 12: the task stream (TaskStreamRequest, TaskStreamReply, TaskStreamRecord).
 # 13: metrics: Hello.http_address (a worker's HTTP port, /metrics), dependency bytes
-#    moved (Heartbeat.transferred_in/out), both shown in WorkerInfo.
+#    moved (Heartbeat.transferred_in/out), both shown in WorkerInfo; the dashboard:
+#    Welcome.dashboard_port, worker telemetry (Heartbeat/WorkerInfo cpu, net_in/out,
+#    memory_pause/terminate; WorkerInfo.spilled).
 PROTOCOL_VERSION = 13
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are

@@ -51,6 +51,7 @@ def test_leak_check_fails_leaky_tests(tmp_path: Path) -> None:
     inner = tmp_path / "inner"
     inner.mkdir()
     shutil.copy(Path(__file__).with_name("conftest.py"), inner / "conftest.py")
+    shutil.copy(Path(__file__).with_name("subprocess_env.py"), inner / "subprocess_env.py")
     (inner / "test_leaky.py").write_text(LEAKY_TESTS)
     env = {**os.environ, "SHOAL_TEST_LEAK_GRACE": "0.5"}
     proc = subprocess.run(

@@ -30,9 +30,11 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the session."""
+    """One headless Chromium per test module. Not per session: while playwright's sync
+    API is open, the main thread counts as running an event loop, and later tests'
+    ``asyncio.run`` would refuse to start."""
     missing = _missing()
     if missing:
         if os.environ.get("CI", "").lower() == "true":

@@ -33,8 +33,8 @@ def _missing() -> str | None:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One headless Chromium per test module. Not per session: while playwright's sync
-    API is open, this thread counts as running an asyncio loop, so every later test
-    calling ``asyncio.run`` would fail."""
+    API is open, the main thread counts as running an event loop, and later tests'
+    ``asyncio.run`` would refuse to start."""
     missing = _missing()
     if missing:
         if os.environ.get("CI", "").lower() == "true":

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import Cluster, child_env
+from multihost_cluster import Cluster, child_env
 from netns import SUBNET, Network
 
 from shoal import Security

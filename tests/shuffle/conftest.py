@@ -9,6 +9,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS / "core"))  # scheduler_harness
+sys.path.insert(0, str(TESTS / "integration"))  # subprocess_env, for its conftest
 
 _spec = importlib.util.spec_from_file_location(
     "shoal_integration_conftest", TESTS / "integration" / "conftest.py"

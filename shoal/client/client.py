@@ -65,6 +65,7 @@ _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
     *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply, m.DatasetReply),
     m.TaskStreamReply,
+    *(m.RebalanceReply, m.HasWhatReply),
 )
 T = TypeVar("T")
 # Clients of this process that may be connected: closed at exit before the clusters

@@ -44,7 +44,7 @@ import msgspec
 #    variables, queues, publish/subscribe held by the scheduler); actors (RegisterActor,
 #    ActorCall, ActorReply).
 # 12: the task stream (TaskStreamRequest, TaskStreamReply, TaskStreamRecord).
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
 # typed (to a fixed nesting depth, as msgspec has no recursive aliases) so that nested
@@ -1099,6 +1099,59 @@ class ReplicateKeys(Message):
     stimulus_id: str = ""
 
 
+class RebalanceRequest(Message):
+    """Client -> scheduler (``client.rebalance``): move keys in memory (``keys``; None:
+    every key) between ``workers`` (names or addresses; empty: all) so that their
+    managed bytes even out; answered with :class:`RebalanceReply` once every move is
+    over (a copy confirmed and the source dropped, or given up). See
+    ``shoal/core/scheduler/rebalance.py`` for the thresholds."""
+
+    request_id: int
+    keys: list[Key] | None = None
+    workers: list[str] = []
+    stimulus_id: str = ""
+    # Dask's thresholds, fractions of each worker's memory limit (the client's config)
+    sender_min: float = 0.3
+    recipient_max: float = 0.6
+    sender_recipient_gap: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("sender_min", "recipient_max", "sender_recipient_gap"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"RebalanceRequest.{name} must be a fraction in [0, 1]: {value}")
+
+
+class RebalanceReply(Message):
+    """Scheduler -> client: ``moved`` keys now live on their recipients only (of the
+    two); ``abandoned`` moves did not happen (copy failed or too slow, a worker left,
+    the key was released) and left the key where it was."""
+
+    request_id: int
+    moved: int
+    abandoned: int
+
+
+class HasWhatRequest(Message):
+    """Client -> scheduler (``client.has_what``): a page of the keys in memory on one
+    worker (name or address), every client's; ``limit`` keys from ``start``."""
+
+    request_id: int
+    worker: str
+    start: int = 0
+    limit: int = 100_000
+
+
+class HasWhatReply(Message):
+    """The page asked for; ``total`` keys the worker holds now (pages are read from a
+    live set: a key that moves between two pages may be missed or seen twice)."""
+
+    request_id: int
+    address: str  # "" when no such worker is connected
+    keys: list[Key]
+    total: int
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -1177,6 +1230,10 @@ AnyMessage = (
     | RestartRequest
     | RetryKeys
     | ReplicateKeys
+    | RebalanceRequest
+    | RebalanceReply
+    | HasWhatRequest
+    | HasWhatReply
     | Coordinate
     | CoordinateReply
     | RegisterActor

@@ -5,6 +5,7 @@ reprs, and a normal exit that prints nothing alarming."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -88,10 +89,29 @@ def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None
     assert "status=closed" in repr(c)
 
 
-def test_processes_cluster_has_no_scheduler_object(cluster: LocalCluster) -> None:
-    with pytest.raises(AttributeError, match="runs in its own process"):
-        _ = cluster.scheduler
+def test_processes_cluster_scheduler_is_a_read_only_view_with_worker_pids(
+    cluster: LocalCluster,
+) -> None:
+    """What Dask's resilience notebook reads: ``[w.pid for w in
+    cluster.scheduler.workers.values()]``, the pids of the worker processes."""
+    view = cluster.scheduler
+    assert view.address == cluster.scheduler_address
+    assert view.id.startswith("scheduler-")
+    workers = view.workers
+    assert sorted(w.pid for w in workers.values()) == sorted(cluster.worker_pids)
+    assert sorted(w.name for w in workers.values()) == ["0", "1"]
+    for address, w in workers.items():
+        assert w.address == address and w.nthreads == 1 and w.memory_limit > 0
+    assert view.n_workers == 2 and view.total_nthreads == 2
+    with pytest.raises(AttributeError, match="read-only"):
+        view.workers = {}  # type: ignore[misc]
     assert len(cluster.workers) == 2
+
+
+def test_in_process_scheduler_lists_its_workers_too(inproc_cluster: LocalCluster) -> None:
+    workers = inproc_cluster.scheduler.workers
+    assert sorted(w.name for w in workers.values()) == ["0", "1"]
+    assert {w.pid for w in workers.values()} == {os.getpid()}
 
 
 SCRIPT = textwrap.dedent(

@@ -34,6 +34,7 @@ ENV_PREFIX = "SHOAL_"
 HONOURED: dict[str, str] = {
     "distributed.scheduler.allowed-failures": "scheduler.allowed-failures",
     "distributed.scheduler.worker-ttl": "scheduler.worker-ttl",
+    "distributed.scheduler.locks.lease-timeout": "scheduler.locks.lease-timeout",
     "distributed.worker.memory.target": "worker.memory.target",
     "distributed.worker.memory.spill": "worker.memory.spill",
     "distributed.worker.memory.pause": "worker.memory.pause",

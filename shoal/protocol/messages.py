@@ -866,7 +866,8 @@ class Coordinate(Message):
     pickled bytes, or ``key`` names a future whose data the primitive keeps alive.
     ``number``: a semaphore's max_leases, a queue's maxsize, a get's batch size (0: one
     item, -1: all there are). ``timeout``: seconds to wait (None: no limit, 0: do not
-    wait). ``token``: a lease or subscription id chosen by the client. Answered by
+    wait). ``token``: a lease, subscription or MultiLock request id chosen by the
+    client. ``lease_timeout``: seconds a lease lives without a refresh. Answered by
     CoordinateReply, possibly much later (a blocked acquire or get)."""
 
     request_id: int
@@ -879,6 +880,8 @@ class Coordinate(Message):
     timeout: float | None = None
     token: str = ""
     stimulus_id: str = ""
+    names: list[str] = []  # a MultiLock's lock names
+    lease_timeout: float | None = None  # a semaphore's or lock's (None: leases never expire)
 
 
 class CoordinateReply(Message):

@@ -263,6 +263,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         timeout=1.5,
         token="lease-1",
         stimulus_id="coordinate-40",
+        names=["a", "b"],
+        lease_timeout=30.0,
     ),
     m.RegisterActor: m.RegisterActor(keys=["Counter-1", ("A", 2)], stimulus_id="actor-1"),
     m.ActorCall: m.ActorCall(

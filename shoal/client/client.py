@@ -124,7 +124,7 @@ class Client(
             address = address_from_scheduler_file(scheduler_file)
         check_cluster_kwargs(address, cluster_kwargs)
         self._cluster_kwargs = cluster_kwargs
-        self.asynchronous = asynchronous
+        self._asynchronous = asynchronous
         # Tasks' prints, log records and warnings come here (shoal/client/output.py).
         self.forward_output = forward_output
         self._output = OutputReceiver()
@@ -184,6 +184,20 @@ class Client(
                 self._runner.stop()
                 self._close_own_cluster()
                 raise
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether calls return awaitables: always for an asynchronous client; for a
+        synchronous one when made on its own event loop (a coroutine run by
+        ``client.sync``, a callback), as Dask's, where blocking would hang the loop."""
+        if self._asynchronous:
+            return True
+        runner = self._runner
+        return runner is not None and runner.in_loop_thread()
+
+    @asynchronous.setter
+    def asynchronous(self, value: bool) -> None:
+        self._asynchronous = value
 
     # ---------------------------------------------------------------- lifecycle
 

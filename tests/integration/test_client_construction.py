@@ -72,6 +72,24 @@ def test_sync_runs_coroutine_functions_on_the_loop(inproc_cluster: LocalCluster)
         assert c.sync(c._gather_async, [fut]) == [1024]
 
 
+def test_a_synchronous_client_used_on_its_own_loop_returns_awaitables(
+    inproc_cluster: LocalCluster,
+) -> None:
+    """Dask's evolving-workflows notebook: ``client.sync(run_all)`` where ``run_all``
+    awaits ``client.gather(...)`` and a future of the same synchronous client. Blocking
+    there would hang the loop; as in Dask, the client answers with awaitables."""
+    with Client(inproc_cluster, timeout=30) as c:
+
+        async def run_all(n: int) -> list[int]:
+            length = await c.submit(len, list(range(n)))
+            futures = c.map(pow, [2] * length, range(length))
+            return await c.gather(futures)
+
+        assert c.asynchronous is False  # from this thread
+        assert c.sync(run_all, 4) == [1, 2, 4, 8]
+        assert c.gather(c.map(pow, [3, 3], [1, 2])) == [3, 9]  # still synchronous here
+
+
 def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None:
     with Client(inproc_cluster, timeout=30) as c:
         text = repr(c)

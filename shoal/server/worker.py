@@ -307,8 +307,12 @@ class Worker:
         for task in list(self._background):
             if task is not asyncio.current_task():  # close itself may run in one
                 task.cancel()
+        # Polled, not joined in a thread: at interpreter exit (a cluster closed by
+        # atexit) no executor takes new work, and the close would fail half done.
+        deadline = time.monotonic() + 5
         for t in threads:
-            await asyncio.to_thread(t.join, 5)
+            while t.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         if self._spill is not None:
             self._spill.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)

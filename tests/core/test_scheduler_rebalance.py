@@ -250,3 +250,24 @@ def test_no_sequence_of_rebalances_lost_workers_and_failed_copies_loses_a_last_c
                 assert key in gone_keys and not really, (key, sim.state(key), really)
                 lost.add(key)
     assert sim.s.moves.keys() <= {sim.ts(k) for k in sim.s.tasks}
+
+
+def test_has_what_pages_list_every_clients_keys_of_one_worker():
+    sim = Sim({}, clients=("c", "d"))
+    sim.add_worker(W1, memory_limit=LIMIT)
+    sim.add_worker(W2, memory_limit=LIMIT)
+    sim.scatter(W1, {f"c{i}": 1 for i in range(5)}, client="c")
+    sim.scatter(W1, {f"d{i}": 1 for i in range(4)}, client="d")
+    pages, start = [], 0
+    while True:
+        page = sim.s.has_what_page("w1:1", start, 4)  # by name
+        assert page.address == W1 and page.total == 9
+        pages.append(page.keys)
+        start += len(page.keys)
+        if len(page.keys) < 4:
+            break
+    assert [len(p) for p in pages] == [4, 4, 1]
+    assert sorted(k for p in pages for k in p) == sorted(sim.holds(W1))
+    assert sim.s.has_what_page(W2, 0, 10).keys == []
+    assert sim.s.has_what_page("nope", 0, 10).address == ""
+    assert sim.s.has_what_page(W1, 100, 10).keys == []  # past the end: empty

@@ -158,3 +158,36 @@ def test_a_normal_exit_is_silent(processes: bool, ending: str) -> None:
     assert "result 42" in out.stdout
     assert "lost the scheduler" not in out.stderr + out.stdout
     assert "Traceback" not in out.stderr
+
+
+SYNC_SCRIPT = textwrap.dedent(
+    """
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    from shoal import Client
+    c = Client(processes=False, n_workers=1, threads_per_worker=6)
+
+    async def run_all():
+        n = await c.submit(len, [1, 2, 3])
+        return await c.gather(c.map(pow, [2] * n, range(n)))
+
+    print("result", c.sync(run_all))
+    """
+)
+
+
+def test_an_in_process_cluster_left_to_the_exit_after_client_sync_closes_silently() -> None:
+    """Dask's evolving-workflows notebook ends so: the cluster, closed at exit, used to
+    join its worker's threads through an executor that no longer takes work then,
+    leaving the scheduler's tasks 'destroyed but pending'."""
+    out = subprocess.run(
+        [sys.executable, "-c", SYNC_SCRIPT],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "result [1, 2, 4]" in out.stdout
+    assert "destroyed but it is pending" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "lost the scheduler" not in out.stderr

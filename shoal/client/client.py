@@ -35,7 +35,7 @@ from shoal.client.dask_graph import GraphEncoder
 from shoal.client.data_location import DataLocationMixin
 from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState, wait_states
-from shoal.client.loop import LoopRunner
+from shoal.client.loop import LoopRunner, in_thread
 from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
@@ -304,7 +304,7 @@ class Client(
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
             if self._own_cluster:
-                await asyncio.to_thread(self._close_own_cluster)
+                await in_thread(self._close_own_cluster)  # at exit too
 
     def _abandon(self) -> None:
         """At exit, an asynchronous client still open: its loop may be gone, so only

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from shoal.client.loop import in_thread
 from shoal.comm.addresses import WorkerAddressOptions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.heartbeat import keep_alive
@@ -290,7 +291,7 @@ class Worker:
         with self._client_lock:
             client, self._client = self._client, None
         if client is not None:  # first: tasks waiting on its futures end
-            await asyncio.to_thread(client.close)
+            await in_thread(client.close)  # at exit too
         with self._threads_lock:
             threads = list(self._threads)
             for event in self._rejoins.values():  # let waiting threads end their tasks

@@ -172,14 +172,26 @@ SYNC_SCRIPT = textwrap.dedent(
         return await c.gather(c.map(pow, [2] * n, range(n)))
 
     print("result", c.sync(run_all))
+
+    def from_a_task(n):
+        from shoal import get_client, rejoin, secede
+        worker_client = get_client()
+        futures = worker_client.map(pow, [3] * n, range(n))
+        secede()
+        out = worker_client.gather(futures)
+        rejoin()
+        return out
+
+    print("tasks", c.gather(c.map(from_a_task, [2, 3])))
     """
 )
 
 
 def test_an_in_process_cluster_left_to_the_exit_after_client_sync_closes_silently() -> None:
     """Dask's evolving-workflows notebook ends so: the cluster, closed at exit, used to
-    join its worker's threads through an executor that no longer takes work then,
-    leaving the scheduler's tasks 'destroyed but pending'."""
+    close the worker's client and join its threads through an executor that no longer
+    takes work then: the worker's client 'lost the scheduler', the scheduler's tasks
+    were 'destroyed but pending'."""
     out = subprocess.run(
         [sys.executable, "-c", SYNC_SCRIPT],
         env=child_env(),
@@ -188,6 +200,6 @@ def test_an_in_process_cluster_left_to_the_exit_after_client_sync_closes_silentl
         timeout=90,
     )
     assert out.returncode == 0, out.stderr
-    assert "result [1, 2, 4]" in out.stdout
+    assert "result [1, 2, 4]" in out.stdout and "tasks [[1, 3], [1, 3, 9]]" in out.stdout
     assert "destroyed but it is pending" not in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and "lost the scheduler" not in out.stderr

@@ -8,6 +8,7 @@ random on every run whatever the scheduler (mimesis records, ``random`` in threa
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -19,6 +20,8 @@ REL_TOL = 1e-9
 
 
 def digest(value: Any, loose: bool = False) -> Any:
+    if isinstance(value, np.bool_):
+        value = bool(value)
     if isinstance(value, bool | str) or value is None:
         return type(value).__name__ if loose and isinstance(value, str) else value
     if isinstance(value, int | np.integer):
@@ -34,6 +37,9 @@ def digest(value: Any, loose: bool = False) -> Any:
         return {"kind": kind, "parts": [digest(v, loose) for v in rest]}
     if isinstance(value, list | tuple):
         kind = type(value).__name__
+        if loose:  # how many is random too: the distinct shapes of the items
+            shapes = {json.dumps(digest(v, loose), sort_keys=True) for v in value}
+            return {"kind": kind, "of": sorted(shapes)}
         if len(value) <= SMALL:
             return {"kind": kind, "items": [digest(v, loose) for v in value]}
         return {"kind": kind, "len": len(value), "head": [digest(v, loose) for v in value[:5]]}
@@ -62,9 +68,14 @@ def _pandas(obj: Any, loose: bool) -> dict[str, Any]:
         out["dtype"] = str(obj.dtype)
     if loose:
         return out
-    index = obj if isinstance(obj, pd.Index) else obj.index
-    out["index"] = [str(i) for i in index[:5]] + [str(i) for i in index[-3:]]
     frame = obj.to_frame() if isinstance(obj, pd.Series | pd.Index) else obj
+    if not isinstance(obj, pd.Index) and not obj.index.is_unique:
+        # Rows of one label come in no set order after a shuffle (set_index), on Dask
+        # distributed as on shoal: compared in a canonical order.
+        frame = frame.reset_index().sort_values(by=list(frame.reset_index().columns))
+        frame = frame.set_index(frame.columns[0])
+    index = obj if isinstance(obj, pd.Index) else frame.index
+    out["index"] = [str(i) for i in index[:5]] + [str(i) for i in index[-3:]]
     numeric = frame.select_dtypes("number")
     out["sums"] = [float(s) for s in numeric.sum()]
     out["head"] = [[_cell(v) for v in row] for row in frame.head(5).itertuples(index=False)]

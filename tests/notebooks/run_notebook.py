@@ -7,7 +7,9 @@ showed.
 With ``shoal``, the only change made to the script is its import lines:
 ``from dask.distributed import ...`` becomes ``from shoal import ...``. As IPython
 does, ``%time``/``%%time``/``%matplotlib`` lines are dropped and ``!cmd`` lines run in a
-shell. A cell headed ``# %% skip: why`` is not run (a tool the test machine lacks).
+shell. A cell headed ``# %% skip: why`` is not run (a tool the test machine lacks); one
+headed ``# %% expect-error: Name why`` must raise that exception (a cell that fails on
+Dask distributed itself with today's dask), which is its output.
 ``random``, NumPy's and dask.array's generators are seeded first, so both runs build
 the same data. The value of each cell's last expression (its Out[]) is kept when it is
 data (numbers, strings, arrays, pandas and xarray objects in memory, containers of
@@ -21,6 +23,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import os
 import pickle
 import random
 import re
@@ -80,7 +83,9 @@ def as_data(value: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    if value is None or isinstance(value, bool | int | float | str | np.generic):
+    if isinstance(value, str):  # paths in the run's directory, as the notebook names them
+        return value.replace(os.getcwd() + os.sep, "")
+    if value is None or isinstance(value, bool | int | float | np.generic):
         return value
     if isinstance(value, np.ndarray):
         return value
@@ -133,11 +138,20 @@ def run(script: str, flavour: str) -> dict[str, Any]:
         tree = ast.parse(ipython_lines(code), script)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         printed = io.StringIO()
+        expected_error = header.partition("# %% expect-error:")[2].split()
         with contextlib.redirect_stdout(Tee(printed, sys.stdout)):
-            exec(compile(tree, script, "exec"), namespace)
-            value = None
-            if last is not None:
-                value = eval(compile(ast.Expression(last.value), script, "eval"), namespace)
+            try:
+                exec(compile(tree, script, "exec"), namespace)
+                value = None
+                if last is not None:
+                    value = eval(compile(ast.Expression(last.value), script, "eval"), namespace)
+            except Exception as e:
+                if type(e).__name__ not in expected_error:
+                    raise
+                value = f"error: {type(e).__name__}"
+            else:
+                if expected_error:
+                    raise SystemExit(f"cell {i} was expected to raise {expected_error[0]}")
         data = as_data(value)
         if data is not NOT_DATA and data is not None:
             outputs[i] = data

@@ -248,7 +248,7 @@ class Client(
         _live_clients.add(self)
         if self._subscribed:
             await self._info(0, 0)  # a fresh summary, for the repr (pushes may be older)
-        if self._set_as_default and not self.asynchronous:
+        if self._set_as_default and not self._asynchronous:
             # Dask calls its scheduler synchronously: an asynchronous client's get
             # returns an awaitable, so it is never made the default.
             collections.set_default(self)
@@ -300,7 +300,7 @@ class Client(
                 conn.send(m.ReleaseKeys(held, stimulus_id=f"client-close-{self.id}"))
             conn.close()
         self._worker_conns.close()
-        if self.asynchronous:
+        if self._asynchronous:
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
             if self._own_cluster:
@@ -699,7 +699,7 @@ class Client(
             mark()
             self._send(msg)
 
-        if self.asynchronous:
+        if self._asynchronous:
             return cancel()
         if self._runner is not None and self._runner.in_loop_thread():
             mark()

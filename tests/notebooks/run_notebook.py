@@ -131,12 +131,14 @@ def run(script: str, flavour: str) -> dict[str, Any]:
     da.random.seed(0)
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": script}
     outputs: dict[int | str, Any] = {}
+    cell_seconds: dict[int, float] = {}
     start = time.perf_counter()
     for i, (header, code) in enumerate(cells_of(source)):
         if header.startswith("# %% skip"):
             continue
         tree = ast.parse(ipython_lines(code), script)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        cell_start = time.perf_counter()
         printed = io.StringIO()
         expected_error = header.partition("# %% expect-error:")[2].split()
         with contextlib.redirect_stdout(Tee(printed, sys.stdout)):
@@ -157,7 +159,16 @@ def run(script: str, flavour: str) -> dict[str, Any]:
             outputs[i] = data
         if printed.getvalue():
             outputs[f"{i}:stdout"] = printed.getvalue()
-    return {"outputs": outputs, "seconds": time.perf_counter() - start}
+        cell_seconds[i] = time.perf_counter() - cell_start
+    from dask.base import get_scheduler
+
+    scheduler = get_scheduler()  # what .compute() ran on: the notebook's client
+    return {
+        "scheduler": getattr(scheduler, "__module__", None) or repr(scheduler),
+        "outputs": outputs,
+        "seconds": time.perf_counter() - start,
+        "cell_seconds": cell_seconds,
+    }
 
 
 def main() -> None:

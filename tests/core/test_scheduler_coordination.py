@@ -489,3 +489,102 @@ def test_multilock_bad_requests_are_refused_with_the_reason():
         "x", req("multilock", "multilock", "release", token="nope"), 0.0
     ).replies
     assert reply.ok is False
+
+
+multilock_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "acquire", "release", "leave", "tick", "lease", "refresh"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.lists(st.sampled_from(["x", "y", "z", "w"]), min_size=1, max_size=4, unique=True),
+        st.integers(0, 3),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(multilock_ops)
+def test_multilocks_and_lease_timeouts_never_double_grant_and_answer_everything_once(steps):
+    """MultiLock requests (any names, any num_locks, timeouts) and semaphore leases
+    that expire unless refreshed, with clients leaving: no lock name is held by two
+    requests, a granted request holds exactly num_locks names, no lease outlives its
+    timeout without a refresh, every request is answered exactly once."""
+    c = CoordinationState()
+    now = 0.0
+    present = {"a", "b", "c"}
+    pending: dict[int, str] = {}
+    answered: set[int] = set()
+    tokens = itertools.count()
+    wanted: dict[str, int] = {}  # request token -> num_locks
+    refreshed: dict[str, float] = {}  # lease token -> last grant or refresh
+
+    def apply(out: Outcome) -> None:
+        for client, reply in out.replies:
+            assert reply.request_id not in answered, "answered twice"
+            answered.add(reply.request_id)
+            assert pending.pop(reply.request_id) == client
+
+    for op, client, names, n in steps:
+        if op == "tick":
+            now += 1.0
+            apply(c.expire(now))
+        elif op == "leave" and client in present:
+            apply(c.remove_client(client, now))
+            pending = {r: x for r, x in pending.items() if x != client}
+            present.discard(client)
+        elif client not in present:
+            continue
+        elif op == "acquire":
+            token = f"m{next(tokens)}"
+            number = 1 + n % len(names)
+            wanted[token] = number
+            msg = req(
+                "multilock",
+                "multilock",
+                "acquire",
+                names=names,
+                token=token,
+                number=number,
+                timeout=[0.0, 1.5, 3.0][n % 3],
+            )
+            pending[msg.request_id] = client
+            apply(c.handle(client, msg, now))
+        elif op == "release":
+            mine = [r for r in c.multi_requests.values() if r.client == client and r.granted]
+            if mine:
+                msg = req("multilock", "multilock", "release", token=mine[0].token)
+                pending[msg.request_id] = client
+                apply(c.handle(client, msg, now))
+        elif op == "lease":
+            token = f"l{next(tokens)}"
+            msg = req(
+                "semaphore", "S", "acquire", token=token, number=1, timeout=0.0, lease_timeout=2.0
+            )
+            pending[msg.request_id] = client
+            apply(c.handle(client, msg, now))
+        elif op == "refresh":
+            for _, _, token in c.leases_of(client):
+                msg = req("semaphore", "S", "refresh", token=token)
+                pending[msg.request_id] = client
+                apply(c.handle(client, msg, now))
+        for sem in c.semaphores.values():  # leases granted or refreshed are known here
+            for token in sem.leases:
+                refreshed[token] = sem.refreshed[token]
+                assert now - sem.refreshed[token] <= 2.0, "a lease outlived its timeout"
+        held: dict[str, str] = {}
+        for name, queue in c.multilocks.items():
+            assert queue, "an empty queue is kept"
+            assert all(r.token in c.multi_requests for r in queue)
+            if queue[0].granted:
+                assert name not in held
+                held[name] = queue[0].token
+        for request in c.multi_requests.values():
+            assert request.client in present, "a request outlived its client"
+            for name in request.names:
+                assert request in c.multilocks[name]
+            if request.granted:
+                assert len(request.names) == wanted[request.token]
+                assert all(c.multilocks[name][0] is request for name in request.names)
+    now += 10.0
+    apply(c.expire(now))
+    assert not pending, "a request was never answered"

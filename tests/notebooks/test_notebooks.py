@@ -91,6 +91,7 @@ def expected(name: str) -> dict:
 
 
 @pytest.mark.notebooks
+@pytest.mark.timeout(300)  # the subprocess's own limit is 240 s
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_notebook_on_shoal_shows_what_it_shows_on_dask(name: str, tmp_path: Path) -> None:
     spec = NOTEBOOKS[name]

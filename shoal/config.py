@@ -34,10 +34,16 @@ ENV_PREFIX = "SHOAL_"
 HONOURED: dict[str, str] = {
     "distributed.scheduler.allowed-failures": "scheduler.allowed-failures",
     "distributed.scheduler.worker-ttl": "scheduler.worker-ttl",
+    "distributed.scheduler.locks.lease-timeout": "scheduler.locks.lease-timeout",
     "distributed.worker.memory.target": "worker.memory.target",
     "distributed.worker.memory.spill": "worker.memory.spill",
     "distributed.worker.memory.pause": "worker.memory.pause",
     "distributed.worker.memory.terminate": "worker.memory.terminate",
+    "distributed.worker.memory.rebalance.sender-min": "worker.memory.rebalance.sender-min",
+    "distributed.worker.memory.rebalance.recipient-max": "worker.memory.rebalance.recipient-max",
+    "distributed.worker.memory.rebalance.sender-recipient-gap": (
+        "worker.memory.rebalance.sender-recipient-gap"
+    ),
     "distributed.comm.timeouts.connect": "comm.timeouts.connect",
     "distributed.comm.timeouts.tcp": "comm.timeouts.scheduler",
 }

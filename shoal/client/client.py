@@ -35,7 +35,7 @@ from shoal.client.dask_graph import GraphEncoder
 from shoal.client.data_location import DataLocationMixin
 from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState, wait_states
-from shoal.client.loop import LoopRunner
+from shoal.client.loop import LoopRunner, in_thread
 from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
 from shoal.client.plugins import PluginsMixin
@@ -66,6 +66,7 @@ _LATE_REPLIES = (
     *(m.HeartbeatReply, m.RetireReply, m.WhoHasReply, m.InfoReply, m.GroupsReply),
     *(m.PinReply, m.EventsReply, m.PluginReply, m.RunReply, m.DatasetReply),
     m.TaskStreamReply,
+    *(m.RebalanceReply, m.HasWhatReply),
 )
 T = TypeVar("T")
 # Clients of this process that may be connected: closed at exit before the clusters
@@ -125,7 +126,7 @@ class Client(
             address = address_from_scheduler_file(scheduler_file)
         check_cluster_kwargs(address, cluster_kwargs)
         self._cluster_kwargs = cluster_kwargs
-        self.asynchronous = asynchronous
+        self._asynchronous = asynchronous
         # Tasks' prints, log records and warnings come here (shoal/client/output.py).
         self.forward_output = forward_output
         self._output = OutputReceiver()
@@ -187,6 +188,20 @@ class Client(
                 self._close_own_cluster()
                 raise
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether calls return awaitables: always for an asynchronous client; for a
+        synchronous one when made on its own event loop (a coroutine run by
+        ``client.sync``, a callback), as Dask's, where blocking would hang the loop."""
+        if self._asynchronous:
+            return True
+        runner = self._runner
+        return runner is not None and runner.in_loop_thread()
+
+    @asynchronous.setter
+    def asynchronous(self, value: bool) -> None:
+        self._asynchronous = value
+
     # ---------------------------------------------------------------- lifecycle
 
     def __await__(self) -> Any:
@@ -237,7 +252,7 @@ class Client(
         _live_clients.add(self)
         if self._subscribed:
             await self._info(0, 0)  # a fresh summary, for the repr (pushes may be older)
-        if self._set_as_default and not self.asynchronous:
+        if self._set_as_default and not self._asynchronous:
             # Dask calls its scheduler synchronously: an asynchronous client's get
             # returns an awaitable, so it is never made the default.
             collections.set_default(self)
@@ -289,11 +304,11 @@ class Client(
                 conn.send(m.ReleaseKeys(held, stimulus_id=f"client-close-{self.id}"))
             conn.close()
         self._worker_conns.close()
-        if self.asynchronous:
+        if self._asynchronous:
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
             if self._own_cluster:
-                await asyncio.to_thread(self._close_own_cluster)
+                await in_thread(self._close_own_cluster)  # at exit too
 
     def _abandon(self) -> None:
         """At exit, an asynchronous client still open: its loop may be gone, so only
@@ -688,7 +703,7 @@ class Client(
             mark()
             self._send(msg)
 
-        if self.asynchronous:
+        if self._asynchronous:
             return cancel()
         if self._runner is not None and self._runner.in_loop_thread():
             mark()

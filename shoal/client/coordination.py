@@ -19,14 +19,18 @@ subscriber receives what is published after it subscribed.
 
 from __future__ import annotations
 
-import time
+import asyncio
+import math
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+from dask.utils import parse_timedelta
 
+from shoal import config
 from shoal.client.futures import Future
 from shoal.protocol import messages as m
 
@@ -45,6 +49,8 @@ def _client(client: Client | None) -> Client:
 def _check_timeout(timeout: Any) -> float | None:
     if timeout is None:
         return None
+    if isinstance(timeout, str | timedelta):  # "200ms", as Dask's
+        timeout = parse_timedelta(timeout, default="seconds")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
         raise ValueError(f"a timeout is a number of seconds >= 0 or None, not {timeout!r}")
     return float(timeout)
@@ -126,11 +132,97 @@ class _Primitive:
 # ---------------------------------------------------------------------- locks, semaphores
 
 
-class Semaphore(_Primitive):
+def lease_timeout() -> float | None:
+    """Seconds a lease lives without a refresh: config ``shoal.scheduler.locks.
+    lease-timeout`` (or Dask's ``distributed.scheduler.locks.lease-timeout``); "inf"
+    or None: leases never expire."""
+    value = config.get("scheduler.locks.lease-timeout")
+    if value is None or value is False or value == "inf" or value == math.inf:
+        return None
+    seconds = parse_timedelta(value, default="seconds")
+    if seconds is None or not seconds > 0:
+        raise ValueError(f"a lease timeout is a duration > 0 or 'inf', not {value!r}")
+    return float(seconds)
+
+
+class ReleasedTooOften(RuntimeError, ValueError):
+    """``release()`` of a lock or semaphore this instance does not hold (Dask raises a
+    RuntimeError; shoal's earlier versions a ValueError: both catch it)."""
+
+
+class _Leases(_Primitive):
+    """Leases of a Semaphore or Lock, as Dask's: with a lease timeout, the instance
+    refreshes its leases every ``lease_timeout / 5`` seconds on its client's loop while
+    ``refresh_leases`` is true; a lease not refreshed in time is released by the
+    scheduler (its holder stalled or lost touch), and ``release`` then returns False."""
+
+    def __init__(self, name: str | None, client: Client | None):
+        super().__init__(name, client)
+        self._leases: deque[str] = deque()
+        self.refresh_leases = True
+        self.lease_timeout = lease_timeout()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _acquire(self, number: int, timeout: Any) -> Any:
+        token = uuid.uuid4().hex
+        reply = self._call(
+            "acquire",
+            token=token,
+            number=number,
+            timeout=_check_timeout(timeout),
+            lease_timeout=self.lease_timeout,
+        )
+
+        def acquired(reply: m.CoordinateReply) -> bool:
+            if reply.ok:
+                self._leases.append(token)
+                loop = self.client._loop
+                if self.lease_timeout is not None and loop is not None:
+                    loop.call_soon_threadsafe(self._arm_refresh)
+            return reply.ok
+
+        return self._then(reply, acquired)
+
+    def _release(self) -> Any:
+        if not self._leases:
+            raise ReleasedTooOften(f"released {self!r} too often: it holds no lease")
+        token = self._leases.popleft()  # the oldest first, as Dask's
+        return self._then(self._call("release", token=token), lambda reply: reply.ok)
+
+    def _arm_refresh(self) -> None:
+        """On the client's loop: refresh in ``lease_timeout / 5`` (a timer, not a
+        task: nothing is left pending when the client's loop stops)."""
+        if self._timer is None and self._leases and self.lease_timeout is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.lease_timeout / 5, self._refresh_due)
+
+    def _refresh_due(self) -> None:
+        self._timer = None
+        conn = self.client._conn
+        if not self._leases or conn is None or conn.closed:
+            return
+        if self.refresh_leases:
+            asyncio.ensure_future(self._refresh(list(self._leases)))
+        self._arm_refresh()
+
+    async def _refresh(self, tokens: list[str]) -> None:
+        for token in tokens:
+            try:
+                await self._request("refresh", token=token)
+            except (RuntimeError, ConnectionError, OSError):
+                return  # the client closed meanwhile
+
+    def get_value(self) -> Any:
+        """How many leases are held now, by anyone."""
+        return self._then(self._call("value"), lambda reply: reply.number)
+
+
+class Semaphore(_Leases):
     """At most ``max_leases`` holders at a time, across the cluster. ``acquire``
     returns True once a lease is held (False on timeout); ``release`` gives back this
-    instance's oldest lease. Every instance of one name must give the same
-    ``max_leases``. A lease is held until released or until its client leaves."""
+    instance's oldest lease (False if it had expired). Every instance of one name must
+    give the same ``max_leases``. A lease is held until released, until its client
+    leaves, or until it goes unrefreshed for the lease timeout (see :class:`_Leases`)."""
 
     kind = "semaphore"
 
@@ -139,30 +231,12 @@ class Semaphore(_Primitive):
             raise ValueError(f"max_leases is an int >= 1, not {max_leases!r}")
         self.max_leases = max_leases
         super().__init__(name, client)
-        self._leases: deque[str] = deque()
 
-    def acquire(self, timeout: float | None = None) -> Any:
-        token = uuid.uuid4().hex
-        reply = self._call(
-            "acquire", token=token, number=self.max_leases, timeout=_check_timeout(timeout)
-        )
-
-        def acquired(reply: m.CoordinateReply) -> bool:
-            if reply.ok:
-                self._leases.append(token)
-            return reply.ok
-
-        return self._then(reply, acquired)
+    def acquire(self, timeout: float | str | None = None) -> Any:
+        return self._acquire(self.max_leases, timeout)
 
     def release(self) -> Any:
-        if not self._leases:
-            raise RuntimeError(f"released {self!r} too often: it holds no lease")
-        token = self._leases.popleft()
-        return self._then(self._call("release", token=token), lambda reply: reply.ok)
-
-    def get_value(self) -> Any:
-        """How many leases are held now, by anyone."""
-        return self._then(self._call("value"), lambda reply: reply.number)
+        return self._release()
 
     def __enter__(self) -> Semaphore:
         self.acquire()
@@ -182,37 +256,29 @@ class Semaphore(_Primitive):
         return (Semaphore, (self.max_leases, self.name))
 
 
-class Lock(_Primitive):
-    """A cluster-wide mutual exclusion lock (a semaphore of one lease). ``acquire``
-    returns True when held, False if ``blocking=False`` or ``timeout`` ran out; the
-    lock is held until released by this instance or until its client leaves."""
+class Lock(_Leases):
+    """A cluster-wide mutual exclusion lock (a semaphore of one lease, as Dask's, with
+    its lease timeout). ``acquire`` returns True when held, False if ``blocking=False``
+    or ``timeout`` ran out; ``release`` returns False if the lease had expired."""
 
     kind = "lock"
 
     def __init__(self, name: str | None = None, client: Client | None = None):
         super().__init__(name, client)
-        self._token: str | None = None
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+    def acquire(self, blocking: bool = True, timeout: float | str | None = None) -> Any:
         if not blocking:
             if timeout is not None:
                 raise ValueError("a non-blocking acquire takes no timeout")
             timeout = 0
-        token = uuid.uuid4().hex
-        reply = self._call("acquire", token=token, number=1, timeout=_check_timeout(timeout))
-
-        def acquired(reply: m.CoordinateReply) -> bool:
-            if reply.ok:
-                self._token = token
-            return reply.ok
-
-        return self._then(reply, acquired)
+        if self._leases:
+            raise ValueError(f"{self!r} is acquired by this instance already")
+        return self._acquire(1, timeout)
 
     def release(self) -> Any:
-        if self._token is None:
-            raise ValueError(f"{self!r} is not acquired by this instance")
-        token, self._token = self._token, None
-        return self._then(self._call("release", token=token), lambda reply: None)
+        if not self._leases:
+            raise ReleasedTooOften(f"{self!r} is not acquired by this instance")
+        return self._release()
 
     def locked(self) -> Any:
         """Whether anyone holds the lock now."""
@@ -227,39 +293,58 @@ class Lock(_Primitive):
         return (Lock, (self.name,))
 
 
-class MultiLock:
-    """Several locks held together: ``acquire`` takes all of them or none. The locks
-    are taken in sorted order (two MultiLocks over overlapping names cannot deadlock)
-    and, if one is not had within the time left, the ones taken are given back.
-    The names live in their own namespace, apart from :class:`Lock`'s, as in Dask.
-    Synchronous clients only."""
+class MultiLock(_Primitive):
+    """Several locks at once, as Dask's: ``acquire(num_locks=k)`` is granted once this
+    instance holds ``k`` of ``names`` (default: all), waiting in each name's queue on
+    the scheduler (no deadlock between MultiLocks over overlapping names: the request
+    is one, held or waited for as a whole). The names live apart from :class:`Lock`'s,
+    as in Dask. ``locked()``: whether this instance holds its locks."""
 
-    def __init__(self, names: Iterable[str] = (), client: Client | None = None):
-        self.names = sorted(set(names))
-        if not self.names:
-            raise ValueError("a MultiLock needs at least one lock name")
-        self._locks = [Lock(f"multilock:{name}", client) for name in self.names]
-        if self._locks[0].client.asynchronous:
-            raise ValueError("MultiLock needs a synchronous client")
-        self._held: list[Lock] = []
+    kind = "multilock"
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        if self._held:
+    def __init__(self, names: Iterable[str] | None = None, client: Client | None = None):
+        self.names = list(names or [])
+        if not self.names or not all(isinstance(n, str) and n for n in self.names):
+            raise ValueError(f"a MultiLock needs non-empty lock names, not {self.names!r}")
+        super().__init__("multilock", client)
+        self.id = uuid.uuid4().hex
+        self._locked = False
+
+    def acquire(
+        self,
+        blocking: bool = True,
+        timeout: float | str | None = None,
+        num_locks: int | None = None,
+    ) -> Any:
+        if not blocking:
+            if timeout is not None:
+                raise ValueError("a non-blocking acquire takes no timeout")
+            timeout = 0
+        if self._locked:
             raise ValueError(f"{self!r} is acquired already")
-        timeout = _check_timeout(0 if not blocking else timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for lock in self._locks:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not lock.acquire(timeout=left):
-                self.release()
-                return False
-            self._held.append(lock)
-        return True
+        number = len(self.names) if num_locks is None else num_locks
+        reply = self._call(
+            "acquire",
+            token=self.id,
+            names=self.names,
+            number=number,
+            timeout=_check_timeout(timeout),
+        )
 
-    def release(self) -> None:
-        held, self._held = self._held, []
-        for lock in reversed(held):
-            lock.release()
+        def acquired(reply: m.CoordinateReply) -> bool:
+            self._locked = reply.ok
+            return reply.ok
+
+        return self._then(reply, acquired)
+
+    def release(self) -> Any:
+        if not self._locked:
+            raise ValueError(f"{self!r} is not acquired")
+        self._locked = False
+        return self._then(self._call("release", token=self.id), lambda reply: reply.ok)
+
+    def locked(self) -> bool:
+        return self._locked
 
     def __enter__(self) -> MultiLock:
         self.acquire()
@@ -267,6 +352,13 @@ class MultiLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+    async def __aenter__(self) -> MultiLock:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
 
     def __reduce__(self) -> Any:
         return (MultiLock, (self.names,))

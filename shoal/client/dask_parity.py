@@ -26,8 +26,6 @@ UNIMPLEMENTED: dict[str, str] = {
     "set_metadata": "no scheduler-side metadata store (use publish_dataset)",
     "get_metadata": "no scheduler-side metadata store (use publish_dataset)",
     # memory management
-    "rebalance": "not implemented: needs copy-then-drop moves tracked in the core "
-    "(replicate and retirement copy; nothing drops a source replica after a move yet)",
     "amm": "no Active Memory Manager: spilling, pausing and retirement copies instead",
     "nbytes": "bytes per prefix/group are in task_prefixes()/task_groups(); no per-key query",
     "processing": "no per-worker list of processing keys query (scheduler_info counts them)",

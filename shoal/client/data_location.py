@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shoal import config
 from shoal.client.futures import Future
 from shoal.comm.connection import Connection
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
 T = TypeVar("T")
+HAS_WHAT_PAGE = 100_000  # keys per has_what request
+REBALANCE_TIMEOUT = 60.0  # seconds: the scheduler gives up a move after 30
 
 
 class DataLocationMixin:
@@ -39,33 +42,97 @@ class DataLocationMixin:
         return {key: list(workers) for key, workers in reply.who_has}
 
     def who_has(self, futures: Future | Iterable[Future] | None = None) -> Any:
-        """``{key: [worker addresses holding it]}`` for ``futures`` (default: every
-        key this client holds)."""
-        keys = _keys(futures, self._states)
+        """``{key: [worker addresses holding it]}`` for ``futures``; without them, as
+        Dask's, for every key in memory on the cluster (every client's)."""
 
         async def who_has() -> dict[Key, list[str]]:
-            return await self._who_has(keys)
+            if futures is None:
+                out: dict[Key, list[str]] = {}
+                for address, keys in (await self._has_what(None)).items():
+                    for key in keys:
+                        out.setdefault(key, []).append(address)
+                return out
+            return await self._who_has(_keys(futures, self._states))
 
         return who_has() if self.asynchronous else self._sync(who_has())
 
+    async def _has_what(self, workers: str | Iterable[str] | None) -> dict[str, list[Key]]:
+        conn = self._conn
+        if conn is None or conn.closed:
+            raise RuntimeError("the client is closed")
+        wanted = _wanted(workers)
+        infos = (await self._info()).workers
+        out: dict[str, list[Key]] = {}
+        for w in infos:
+            if wanted is not None and not {w.address, w.name} & wanted:
+                continue
+            keys: dict[Key, None] = {}  # pages of a live set may repeat a key
+            start = 0
+            while True:
+                reply, _ = await conn.request(
+                    _has_what_request(w.address, start), timeout=self.timeout
+                )
+                assert isinstance(reply, m.HasWhatReply)
+                if not reply.address:
+                    break  # it left meanwhile
+                keys.update(dict.fromkeys(reply.keys))
+                start += len(reply.keys)
+                if len(reply.keys) < HAS_WHAT_PAGE or start >= reply.total:
+                    out[reply.address] = list(keys)
+                    break
+        return out
+
     def has_what(self, workers: str | Iterable[str] | None = None) -> Any:
-        """``{worker address: [keys it holds]}`` for every worker (or ``workers``),
-        among the keys this client holds (Dask lists every client's keys; shoal tells
-        a client only of its own)."""
+        """``{worker address: [keys it holds]}`` for every worker (or ``workers``,
+        addresses or names), every client's keys, as Dask's. Asked of the scheduler in
+        pages (a worker may hold millions of keys)."""
 
         async def has_what() -> dict[str, list[Key]]:
-            infos = (await self._info()).workers
-            wanted = _wanted(workers)
-            out: dict[str, list[Key]] = {
-                w.address: [] for w in infos if wanted is None or {w.address, w.name} & wanted
-            }
-            for key, holders in (await self._who_has(list(self._states))).items():
-                for address in holders:
-                    if address in out:
-                        out[address].append(key)
-            return out
+            return await self._has_what(workers)
 
         return has_what() if self.asynchronous else self._sync(has_what())
+
+    def rebalance(
+        self,
+        futures: Any = None,
+        workers: str | Iterable[str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Even out the managed memory of ``workers`` (addresses or names; default:
+        all) by moving the results of ``futures`` (default: every key in memory), as
+        Dask's. Returns once every move is over: each key is copied to its recipient and
+        then dropped from its sender (never its last copy). Dask's thresholds apply, as
+        fractions of a worker's memory limit: senders hold over 30% of it and 5% above
+        the mean, recipients under 60% and 5% below (config
+        ``shoal.worker.memory.rebalance.*``, or Dask's ``distributed.`` keys)."""
+        from shoal.client.progress import futures_of
+
+        if kwargs:
+            raise TypeError(f"rebalance() got unexpected arguments {sorted(kwargs)}")
+        fs = None if futures is None else futures_of(futures)
+        names = sorted(_wanted(workers) or ())
+        thresholds = [
+            float(config.get(f"worker.memory.rebalance.{name}") or 0.0)
+            for name in ("sender-min", "recipient-max", "sender-recipient-gap")
+        ]
+
+        async def rebalance() -> None:
+            from shoal.client.futures import wait_states
+
+            conn = self._conn
+            if conn is None or conn.closed:
+                raise RuntimeError("the client is closed")
+            if fs is not None:
+                await wait_states([f._state for f in fs])  # only results in memory move
+            keys = None if fs is None else [f.key for f in fs]
+            sid = f"rebalance-{uuid.uuid4().hex[:8]}"
+            reply, _ = await conn.request(
+                lambda rid: m.RebalanceRequest(rid, keys, names, sid, *thresholds),
+                timeout=max(4 * self.timeout, REBALANCE_TIMEOUT),
+            )
+            assert isinstance(reply, m.RebalanceReply)
+
+        return rebalance() if self.asynchronous else self._sync(rebalance())
 
     def replicate(
         self,
@@ -129,6 +196,10 @@ class DataLocationMixin:
         return nthreads() if self.asynchronous else self._sync(nthreads())
 
     ncores = nthreads
+
+
+def _has_what_request(address: str, start: int) -> Callable[[int], m.Message]:
+    return lambda rid: m.HasWhatRequest(rid, address, start, HAS_WHAT_PAGE)
 
 
 def _keys(futures: Future | Iterable[Future] | None, held: dict[Key, Any]) -> list[Key]:

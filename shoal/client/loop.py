@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -23,6 +23,33 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on the fastest available loop."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(coro)
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    """``await asyncio.to_thread(fn)``, also at interpreter exit (``atexit`` closes
+    clients and clusters), when the default executor takes no new work: then in a
+    thread of its own, polled."""
+    try:
+        return await asyncio.to_thread(fn)
+    except RuntimeError as e:
+        if "after interpreter shutdown" not in str(e) and "after shutdown" not in str(e):
+            raise
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:
+            error.append(e)
+
+    thread = threading.Thread(target=target, name="shoal-exit-call", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        await asyncio.sleep(0.005)
+    if error:
+        raise error[0]
+    return result[0]
 
 
 class LoopRunner:

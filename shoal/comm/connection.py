@@ -57,6 +57,8 @@ _REPLIES = (
     m.PinReply,
     m.EventsReply,
     m.TaskStreamReply,
+    m.RebalanceReply,
+    m.HasWhatReply,
     m.ScaleReply,
     m.PluginReply,
     m.RunReply,
@@ -428,9 +430,10 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             raise CommClosedError(self.close_reason or "connection closed")
         rid = next(self._request_ids)
+        msg = make(rid)  # first: a message refused here leaves no reply awaited
         fut: asyncio.Future[tuple[m.Message, list[memoryview]]] = self._loop.create_future()
         self._pending[rid] = fut
-        self.send(make(rid), buffers)
+        self.send(msg, buffers)
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:

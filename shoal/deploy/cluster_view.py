@@ -23,6 +23,7 @@ class ClusterViewMixin:
     if TYPE_CHECKING:
 
         def _worker_names(self) -> list[str]: ...
+        def _info_reply(self) -> Any: ...
 
     @property
     def workers(self) -> dict[str, Any]:
@@ -34,14 +35,15 @@ class ClusterViewMixin:
     @property
     def scheduler(self) -> Any:
         """The :class:`~shoal.server.scheduler.Scheduler` object when it runs in this
-        process (``processes=False``). With ``processes=True`` the scheduler is its own
-        process (unlike Dask's): there is no object here to give, so this raises."""
+        process (``processes=False``); with ``processes=True``, where the scheduler is
+        its own process, a read-only :class:`~shoal.deploy.scheduler_view.SchedulerView`
+        of it (``address``, ``id``, ``workers`` with their pids, ...)."""
         if self._scheduler is None:
-            raise AttributeError(
-                "this LocalCluster's scheduler runs in its own process (processes=True): "
-                "use cluster.scheduler_address, or client.scheduler_info() / "
-                "client.run_on_scheduler(func) to reach it"
-            )
+            from shoal.deploy.scheduler_view import SchedulerView
+
+            if not self.scheduler_address:
+                raise AttributeError("the cluster's scheduler has not started")
+            return SchedulerView(self._info_reply)
         return self._scheduler
 
     @property

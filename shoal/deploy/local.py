@@ -242,30 +242,35 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
         """Block until ``n`` workers have joined the scheduler."""
-        from shoal.comm.tcp import connect
-        from shoal.protocol import messages as m
-
-        async def count() -> int:
-            hello = m.Hello(m.PROTOCOL_VERSION, "client", name="local-cluster", subscribe=False)
-            conn, _ = await connect(self.scheduler_address, hello, security=self.security)
-            try:
-                reply, _ = await conn.request(lambda rid: m.InfoRequest(rid), timeout=10)
-                assert isinstance(reply, m.InfoReply)
-                return len(reply.workers)
-            finally:
-                conn.close()
-
         deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
         while True:
             leaving = [self._by_name.get(name) for name in self._leaving]
             dead = [p for p in self._procs if p.poll() is not None and p not in leaving]
             if dead:
                 raise RuntimeError(f"a cluster process exited with code {dead[0].returncode}")
-            if _in_thread(lambda: run(count())) >= n:
+            if len(self._info_reply().workers) >= n:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {n} workers joined within the timeout")
             time.sleep(0.02)
+
+    def _info_reply(self) -> Any:
+        """The scheduler's InfoReply, asked on a connection of its own (from a helper
+        thread: the caller may be inside an event loop)."""
+        from shoal.comm.tcp import connect
+        from shoal.protocol import messages as m
+
+        async def ask() -> m.InfoReply:
+            hello = m.Hello(m.PROTOCOL_VERSION, "client", name="local-cluster", subscribe=False)
+            conn, _ = await connect(self.scheduler_address, hello, security=self.security)
+            try:
+                reply, _ = await conn.request(lambda rid: m.InfoRequest(rid), timeout=10)
+                assert isinstance(reply, m.InfoReply)
+                return reply
+            finally:
+                conn.close()
+
+        return _in_thread(lambda: run(ask()))
 
     # ---------------------------------------------------------------- one process
 

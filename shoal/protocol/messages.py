@@ -47,7 +47,9 @@ import msgspec
 # 13: metrics: Hello.http_address (a worker's HTTP port, /metrics), dependency bytes
 #    moved (Heartbeat.transferred_in/out), both shown in WorkerInfo; the dashboard:
 #    Welcome.dashboard_port, worker telemetry (Heartbeat/WorkerInfo cpu, net_in/out,
-#    memory_pause/terminate; WorkerInfo.spilled).
+#    memory_pause/terminate; WorkerInfo.spilled); rebalance (RebalanceRequest,
+#    RebalanceReply); has_what of every client (HasWhatRequest, HasWhatReply);
+#    Coordinate.names (MultiLock) and .lease_timeout.
 PROTOCOL_VERSION = 13
 
 # A task key: a string, or a tuple like Dask's ("name", i, j). Tuple elements are
@@ -893,7 +895,8 @@ class Coordinate(Message):
     pickled bytes, or ``key`` names a future whose data the primitive keeps alive.
     ``number``: a semaphore's max_leases, a queue's maxsize, a get's batch size (0: one
     item, -1: all there are). ``timeout``: seconds to wait (None: no limit, 0: do not
-    wait). ``token``: a lease or subscription id chosen by the client. Answered by
+    wait). ``token``: a lease, subscription or MultiLock request id chosen by the
+    client. ``lease_timeout``: seconds a lease lives without a refresh. Answered by
     CoordinateReply, possibly much later (a blocked acquire or get)."""
 
     request_id: int
@@ -906,6 +909,8 @@ class Coordinate(Message):
     timeout: float | None = None
     token: str = ""
     stimulus_id: str = ""
+    names: list[str] = []  # a MultiLock's lock names
+    lease_timeout: float | None = None  # a semaphore's or lock's (None: leases never expire)
 
 
 class CoordinateReply(Message):
@@ -1126,6 +1131,59 @@ class ReplicateKeys(Message):
     stimulus_id: str = ""
 
 
+class RebalanceRequest(Message):
+    """Client -> scheduler (``client.rebalance``): move keys in memory (``keys``; None:
+    every key) between ``workers`` (names or addresses; empty: all) so that their
+    managed bytes even out; answered with :class:`RebalanceReply` once every move is
+    over (a copy confirmed and the source dropped, or given up). See
+    ``shoal/core/scheduler/rebalance.py`` for the thresholds."""
+
+    request_id: int
+    keys: list[Key] | None = None
+    workers: list[str] = []
+    stimulus_id: str = ""
+    # Dask's thresholds, fractions of each worker's memory limit (the client's config)
+    sender_min: float = 0.3
+    recipient_max: float = 0.6
+    sender_recipient_gap: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("sender_min", "recipient_max", "sender_recipient_gap"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"RebalanceRequest.{name} must be a fraction in [0, 1]: {value}")
+
+
+class RebalanceReply(Message):
+    """Scheduler -> client: ``moved`` keys now live on their recipients only (of the
+    two); ``abandoned`` moves did not happen (copy failed or too slow, a worker left,
+    the key was released) and left the key where it was."""
+
+    request_id: int
+    moved: int
+    abandoned: int
+
+
+class HasWhatRequest(Message):
+    """Client -> scheduler (``client.has_what``): a page of the keys in memory on one
+    worker (name or address), every client's; ``limit`` keys from ``start``."""
+
+    request_id: int
+    worker: str
+    start: int = 0
+    limit: int = 100_000
+
+
+class HasWhatReply(Message):
+    """The page asked for; ``total`` keys the worker holds now (pages are read from a
+    live set: a key that moves between two pages may be missed or seen twice)."""
+
+    request_id: int
+    address: str  # "" when no such worker is connected
+    keys: list[Key]
+    total: int
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -1204,6 +1262,10 @@ AnyMessage = (
     | RestartRequest
     | RetryKeys
     | ReplicateKeys
+    | RebalanceRequest
+    | RebalanceReply
+    | HasWhatRequest
+    | HasWhatReply
     | Coordinate
     | CoordinateReply
     | RegisterActor

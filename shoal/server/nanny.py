@@ -188,6 +188,8 @@ class Nanny:
         self._memory_killed = ""
         self._address_file = os.path.join(self.directory, "address")
         self._restart_file = os.path.join(self.directory, "restart-reason")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._address_file)  # the last worker's: this one writes its own
         cmd = [
             sys.executable,
             "-m",
@@ -263,6 +265,13 @@ class Nanny:
         """SIGINT (close at once), then SIGKILL if the worker is still there after
         ``grace`` seconds."""
         if proc.returncode is not None:
+            return
+        if not self._read_address():
+            # Still starting (not connected): nothing to close or hand off, and SIGINT
+            # would interrupt its imports with a KeyboardInterrupt traceback.
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
             return
         name = STOP_SIGNAL.name
         with contextlib.suppress(ProcessLookupError):

@@ -36,6 +36,7 @@ from shoal.server.coordination import DeadlineTimer
 from shoal.server.dashboard import start_dashboard, stop_dashboard
 from shoal.server.loop_latency import LoopLatency
 from shoal.server.monitor import Monitor
+from shoal.server.worker_views import WorkerView, worker_views
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -50,6 +51,7 @@ def client_heartbeat_interval(n_clients: int) -> float:
 _QUERIES = (
     *(m.WhoHasRequest, m.InfoRequest, m.GroupsRequest, m.Heartbeat, m.EventsRequest),
     m.TaskStreamRequest,
+    m.HasWhatRequest,
 )
 _PLUGIN_REQUESTS = (m.RegisterPlugin, m.UnregisterPlugin)  # answered by self.plugins
 
@@ -376,6 +378,12 @@ class Scheduler:
         if self.plugins.watching_graphs:
             self.plugins.update_graph(client_id, batch)
 
+    @property
+    def workers(self) -> dict[str, WorkerView]:
+        """Read-only snapshots of the workers by address (``pid``, ``name``,
+        ``nthreads``, ``memory_limit``, ...), as Dask's ``Scheduler.workers`` is read."""
+        return worker_views(self.state.worker_infos())
+
     def _answer(
         self,
         msg: m.WhoHasRequest
@@ -383,7 +391,8 @@ class Scheduler:
         | m.GroupsRequest
         | m.Heartbeat
         | m.EventsRequest
-        | m.TaskStreamRequest,
+        | m.TaskStreamRequest
+        | m.HasWhatRequest,
     ) -> m.Message:
         if isinstance(msg, m.Heartbeat):  # a client checking that we are alive
             return m.HeartbeatReply(msg.request_id, client_heartbeat_interval(len(self._clients)))
@@ -391,6 +400,9 @@ class Scheduler:
             return m.GroupsReply(msg.request_id, *self.state.task_groups(msg.prefix, msg.limit))
         if isinstance(msg, m.WhoHasRequest):
             return m.WhoHasReply(msg.request_id, self.state.who_has(msg.keys))
+        if isinstance(msg, m.HasWhatRequest):
+            page = self.state.has_what_page(msg.worker, msg.start, msg.limit)
+            return msgspec.structs.replace(page, request_id=msg.request_id)
         if isinstance(msg, m.EventsRequest):
             return m.EventsReply(msg.request_id, self.state.get_events(msg.topic))
         if isinstance(msg, m.TaskStreamRequest):

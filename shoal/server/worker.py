@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from shoal.client.loop import in_thread
 from shoal.comm.addresses import WorkerAddressOptions
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.heartbeat import keep_alive
@@ -316,7 +317,7 @@ class Worker:
         with self._client_lock:
             client, self._client = self._client, None
         if client is not None:  # first: tasks waiting on its futures end
-            await asyncio.to_thread(client.close)
+            await in_thread(client.close)  # at exit too
         with self._threads_lock:
             threads = list(self._threads)
             for event in self._rejoins.values():  # let waiting threads end their tasks
@@ -336,8 +337,12 @@ class Worker:
         for task in list(self._background):
             if task is not asyncio.current_task():  # close itself may run in one
                 task.cancel()
+        # Polled, not joined in a thread: at interpreter exit (a cluster closed by
+        # atexit) no executor takes new work, and the close would fail half done.
+        deadline = time.monotonic() + 5
         for t in threads:
-            await asyncio.to_thread(t.join, 5)
+            while t.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         if self._spill is not None:
             self._spill.close()
         shutil.rmtree(self.local_directory, ignore_errors=True)

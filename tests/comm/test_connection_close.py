@@ -119,3 +119,23 @@ def test_pending_requests_on_a_closed_connection_are_answered_with_the_reason() 
         await server.wait_closed()
 
     assert run_collecting(scenario) == []
+
+
+def test_a_request_whose_message_cannot_be_made_awaits_no_reply() -> None:
+    """A message refused while being built (bad input raises in its constructor) used
+    to leave its reply awaited, failed at close and never retrieved."""
+
+    def refused(rid: int) -> m.Message:
+        return m.RebalanceRequest(rid, sender_min=2.0)
+
+    async def scenario() -> None:
+        server, client, [conn] = await _pair()
+        with pytest.raises(ValueError, match="sender_min must be a fraction"):
+            await client.request(refused)
+        assert client._pending == {}
+        client.close()
+        conn.close()
+        server.close()
+        await server.wait_closed()
+
+    assert run_collecting(scenario) == []

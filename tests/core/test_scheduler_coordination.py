@@ -372,3 +372,219 @@ def test_in_the_scheduler_no_lease_or_held_future_breaks_an_invariant(steps):
     sim.s.validate_state()
     held = set(sim.s.coordination.key_refs)
     assert set(sim.s.tasks) == held  # only what the primitives still hold is kept
+
+
+# --- lease timeouts (Dask's distributed.scheduler.locks.lease-timeout) -------------------
+
+
+def test_a_lease_not_refreshed_within_its_timeout_is_released_to_the_next_waiter():
+    c = CoordinationState()
+    held = req("semaphore", "S", "acquire", token="t1", number=1, lease_timeout=10.0)
+    assert answers(c.handle("a", held, 0.0))[("a", held.request_id)].ok
+    waiting = req("semaphore", "S", "acquire", token="t2", number=1)
+    assert not c.handle("b", waiting, 1.0)
+    assert c.next_deadline() == 10.0
+    # refreshed at 8: alive until 18
+    ((_, ok),) = c.handle("a", req("semaphore", "S", "refresh", token="t1"), 8.0).replies
+    assert ok.ok
+    assert not c.expire(10.0) and c.leases_of("a") == [("semaphore", "S", "t1")]
+    assert c.next_deadline() == 18.0
+    out = c.expire(18.0)  # a stalled: no refresh since 8
+    assert answers(out)[("b", waiting.request_id)].ok
+    assert c.leases_of("a") == [] and c.leases_of("b") == [("semaphore", "S", "t2")]
+    assert c.expired_leases == 1
+    # the stalled holder finds out: its refresh and its release are refused
+    ((_, late),) = c.handle("a", req("semaphore", "S", "refresh", token="t1"), 19.0).replies
+    assert late.ok is False
+    ((_, rel),) = c.handle("a", req("semaphore", "S", "release", token="t1"), 19.0).replies
+    assert rel.ok is False and c.leases_of("b") == [("semaphore", "S", "t2")]
+    # the lease granted to b at 18 has the semaphore's timeout too
+    assert c.next_deadline() == 28.0
+
+
+def test_leases_without_a_timeout_never_expire_and_released_ones_leave_no_check():
+    c = CoordinationState()
+    c.handle("a", req("lock", "L", "acquire", token="t1", number=1), 0.0)
+    assert c.next_deadline() == float("inf") and not c.expire(1e9)
+    c.handle("a", req("lock", "M", "acquire", token="t2", number=1, lease_timeout=5.0), 0.0)
+    c.handle("a", req("lock", "M", "release", token="t2"), 1.0)
+    assert not c.expire(6.0) and c.expired_leases == 0
+    ((_, bad),) = c.handle(
+        "a", req("lock", "N", "acquire", token="t3", number=1, lease_timeout=0.0), 0.0
+    ).replies
+    assert "lease timeout" in bad.error
+
+
+# --- MultiLock (Dask's MultiLockExtension) -------------------------------------------------
+
+
+def multi(names, token, number=None, **fields) -> Coordinate:
+    return req(
+        "multilock",
+        "multilock",
+        "acquire",
+        names=names,
+        token=token,
+        number=len(names) if number is None else number,
+        **fields,
+    )
+
+
+def test_multilock_all_names_or_wait_and_granted_when_the_last_is_released():
+    c = CoordinationState()
+    ab = multi(["a", "b"], "r1")
+    assert answers(c.handle("x", ab, 0.0))[("x", ab.request_id)].ok
+    bc = multi(["b", "c"], "r2")
+    assert not c.handle("y", bc, 0.0)  # holds c, waits for b
+    c_only = multi(["c"], "r3", timeout=0)
+    ((_, refused),) = c.handle("z", c_only, 0.0).replies
+    assert refused.timed_out and not refused.ok  # c is held by the waiting request
+    out = c.handle("x", req("multilock", "multilock", "release", token="r1"), 1.0)
+    assert answers(out)[("y", bc.request_id)].ok
+    assert {name: [r.token for r in q] for name, q in c.multilocks.items()} == {
+        "b": ["r2"],
+        "c": ["r2"],
+    }
+
+
+def test_multilock_num_locks_takes_any_that_many_and_leaves_the_other_queues():
+    c = CoordinationState()
+    c.handle("x", multi(["a"], "r1"), 0.0)
+    two_of_three = multi(["a", "b", "c"], "r2", number=2)
+    assert answers(c.handle("y", two_of_three, 0.0))[("y", two_of_three.request_id)].ok
+    assert [r.token for r in c.multilocks["a"]] == ["r1"]  # never queued on a
+    one_of_two = multi(["b", "a"], "r3", number=1)
+    assert not c.handle("z", one_of_two, 0.0)  # a and b both held
+    out = c.handle("x", req("multilock", "multilock", "release", token="r1"), 1.0)
+    assert answers(out)[("z", one_of_two.request_id)].ok  # got a; b's queue left
+    assert [r.token for r in c.multilocks["b"]] == ["r2"]
+    assert c.multi_requests["r3"].names == ["a"]
+
+
+def test_multilock_timeout_and_a_leaving_client_give_their_places_back():
+    c = CoordinationState()
+    c.handle("x", multi(["a"], "r1"), 0.0)
+    slow = multi(["a", "b"], "r2", timeout=2.0)
+    assert not c.handle("y", slow, 0.0)  # holds b, waits for a
+    after = multi(["b"], "r3")
+    assert not c.handle("z", after, 0.0)
+    out = c.expire(2.0)
+    replies = answers(out)
+    assert replies[("y", slow.request_id)].timed_out
+    assert replies[("z", after.request_id)].ok  # b passed on when r2 gave up
+    out = c.remove_client("x", 3.0)
+    assert c.multilocks == {"b": c.multilocks["b"]} and "r1" not in c.multi_requests
+
+
+def test_multilock_bad_requests_are_refused_with_the_reason():
+    c = CoordinationState()
+    for names, number, why in (
+        ([], 0, "non-empty lock names"),
+        (["a", "a"], 2, "distinct"),
+        (["a", "b"], 3, "num_locks is between 1 and 2"),
+    ):
+        ((_, reply),) = c.handle("x", multi(names, "r", number=number), 0.0).replies
+        assert why in reply.error and not reply.ok
+    ((_, reply),) = c.handle(
+        "x", req("multilock", "multilock", "release", token="nope"), 0.0
+    ).replies
+    assert reply.ok is False
+
+
+multilock_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "acquire", "release", "leave", "tick", "lease", "refresh"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.lists(st.sampled_from(["x", "y", "z", "w"]), min_size=1, max_size=4, unique=True),
+        st.integers(0, 3),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(multilock_ops)
+def test_multilocks_and_lease_timeouts_never_double_grant_and_answer_everything_once(steps):
+    """MultiLock requests (any names, any num_locks, timeouts) and semaphore leases
+    that expire unless refreshed, with clients leaving: no lock name is held by two
+    requests, a granted request holds exactly num_locks names, no lease outlives its
+    timeout without a refresh, every request is answered exactly once."""
+    c = CoordinationState()
+    now = 0.0
+    present = {"a", "b", "c"}
+    pending: dict[int, str] = {}
+    answered: set[int] = set()
+    tokens = itertools.count()
+    wanted: dict[str, int] = {}  # request token -> num_locks
+    refreshed: dict[str, float] = {}  # lease token -> last grant or refresh
+
+    def apply(out: Outcome) -> None:
+        for client, reply in out.replies:
+            assert reply.request_id not in answered, "answered twice"
+            answered.add(reply.request_id)
+            assert pending.pop(reply.request_id) == client
+
+    for op, client, names, n in steps:
+        if op == "tick":
+            now += 1.0
+            apply(c.expire(now))
+        elif op == "leave" and client in present:
+            apply(c.remove_client(client, now))
+            pending = {r: x for r, x in pending.items() if x != client}
+            present.discard(client)
+        elif client not in present:
+            continue
+        elif op == "acquire":
+            token = f"m{next(tokens)}"
+            number = 1 + n % len(names)
+            wanted[token] = number
+            msg = req(
+                "multilock",
+                "multilock",
+                "acquire",
+                names=names,
+                token=token,
+                number=number,
+                timeout=[0.0, 1.5, 3.0][n % 3],
+            )
+            pending[msg.request_id] = client
+            apply(c.handle(client, msg, now))
+        elif op == "release":
+            mine = [r for r in c.multi_requests.values() if r.client == client and r.granted]
+            if mine:
+                msg = req("multilock", "multilock", "release", token=mine[0].token)
+                pending[msg.request_id] = client
+                apply(c.handle(client, msg, now))
+        elif op == "lease":
+            token = f"l{next(tokens)}"
+            msg = req(
+                "semaphore", "S", "acquire", token=token, number=1, timeout=0.0, lease_timeout=2.0
+            )
+            pending[msg.request_id] = client
+            apply(c.handle(client, msg, now))
+        elif op == "refresh":
+            for _, _, token in c.leases_of(client):
+                msg = req("semaphore", "S", "refresh", token=token)
+                pending[msg.request_id] = client
+                apply(c.handle(client, msg, now))
+        for sem in c.semaphores.values():  # leases granted or refreshed are known here
+            for token in sem.leases:
+                refreshed[token] = sem.refreshed[token]
+                assert now - sem.refreshed[token] <= 2.0, "a lease outlived its timeout"
+        held: dict[str, str] = {}
+        for name, queue in c.multilocks.items():
+            assert queue, "an empty queue is kept"
+            assert all(r.token in c.multi_requests for r in queue)
+            if queue[0].granted:
+                assert name not in held
+                held[name] = queue[0].token
+        for request in c.multi_requests.values():
+            assert request.client in present, "a request outlived its client"
+            for name in request.names:
+                assert request in c.multilocks[name]
+            if request.granted:
+                assert len(request.names) == wanted[request.token]
+                assert all(c.multilocks[name][0] is request for name in request.names)
+    now += 10.0
+    apply(c.expire(now))
+    assert not pending, "a request was never answered"

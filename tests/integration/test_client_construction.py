@@ -5,6 +5,7 @@ reprs, and a normal exit that prints nothing alarming."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -71,6 +72,24 @@ def test_sync_runs_coroutine_functions_on_the_loop(inproc_cluster: LocalCluster)
         assert c.sync(c._gather_async, [fut]) == [1024]
 
 
+def test_a_synchronous_client_used_on_its_own_loop_returns_awaitables(
+    inproc_cluster: LocalCluster,
+) -> None:
+    """Dask's evolving-workflows notebook: ``client.sync(run_all)`` where ``run_all``
+    awaits ``client.gather(...)`` and a future of the same synchronous client. Blocking
+    there would hang the loop; as in Dask, the client answers with awaitables."""
+    with Client(inproc_cluster, timeout=30) as c:
+
+        async def run_all(n: int) -> list[int]:
+            length = await c.submit(len, list(range(n)))
+            futures = c.map(pow, [2] * length, range(length))
+            return await c.gather(futures)
+
+        assert c.asynchronous is False  # from this thread
+        assert c.sync(run_all, 4) == [1, 2, 4, 8]
+        assert c.gather(c.map(pow, [3, 3], [1, 2])) == [3, 9]  # still synchronous here
+
+
 def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None:
     with Client(inproc_cluster, timeout=30) as c:
         text = repr(c)
@@ -91,10 +110,29 @@ def test_reprs_show_workers_threads_memory(inproc_cluster: LocalCluster) -> None
     assert "status=closed" in repr(c)
 
 
-def test_processes_cluster_has_no_scheduler_object(cluster: LocalCluster) -> None:
-    with pytest.raises(AttributeError, match="runs in its own process"):
-        _ = cluster.scheduler
+def test_processes_cluster_scheduler_is_a_read_only_view_with_worker_pids(
+    cluster: LocalCluster,
+) -> None:
+    """What Dask's resilience notebook reads: ``[w.pid for w in
+    cluster.scheduler.workers.values()]``, the pids of the worker processes."""
+    view = cluster.scheduler
+    assert view.address == cluster.scheduler_address
+    assert view.id.startswith("scheduler-")
+    workers = view.workers
+    assert sorted(w.pid for w in workers.values()) == sorted(cluster.worker_pids)
+    assert sorted(w.name for w in workers.values()) == ["0", "1"]
+    for address, w in workers.items():
+        assert w.address == address and w.nthreads == 1 and w.memory_limit > 0
+    assert view.n_workers == 2 and view.total_nthreads == 2
+    with pytest.raises(AttributeError, match="read-only"):
+        view.workers = {}  # type: ignore[misc]
     assert len(cluster.workers) == 2
+
+
+def test_in_process_scheduler_lists_its_workers_too(inproc_cluster: LocalCluster) -> None:
+    workers = inproc_cluster.scheduler.workers
+    assert sorted(w.name for w in workers.values()) == ["0", "1"]
+    assert {w.pid for w in workers.values()} == {os.getpid()}
 
 
 SCRIPT = textwrap.dedent(
@@ -123,3 +161,48 @@ def test_a_normal_exit_is_silent(processes: bool, ending: str) -> None:
     assert "result 42" in out.stdout
     assert "lost the scheduler" not in out.stderr + out.stdout
     assert "Traceback" not in out.stderr
+
+
+SYNC_SCRIPT = textwrap.dedent(
+    """
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    from shoal import Client
+    c = Client(processes=False, n_workers=1, threads_per_worker=6)
+
+    async def run_all():
+        n = await c.submit(len, [1, 2, 3])
+        return await c.gather(c.map(pow, [2] * n, range(n)))
+
+    print("result", c.sync(run_all))
+
+    def from_a_task(n):
+        from shoal import get_client, rejoin, secede
+        worker_client = get_client()
+        futures = worker_client.map(pow, [3] * n, range(n))
+        secede()
+        out = worker_client.gather(futures)
+        rejoin()
+        return out
+
+    print("tasks", c.gather(c.map(from_a_task, [2, 3])))
+    """
+)
+
+
+def test_an_in_process_cluster_left_to_the_exit_after_client_sync_closes_silently() -> None:
+    """Dask's evolving-workflows notebook ends so: the cluster, closed at exit, used to
+    close the worker's client and join its threads through an executor that no longer
+    takes work then: the worker's client 'lost the scheduler', the scheduler's tasks
+    were 'destroyed but pending'."""
+    out = subprocess.run(
+        [sys.executable, "-c", SYNC_SCRIPT],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "result [1, 2, 4]" in out.stdout and "tasks [[1, 3], [1, 3, 9]]" in out.stdout
+    assert "destroyed but it is pending" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "lost the scheduler" not in out.stderr

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 from recording_scheduler import recording_scheduler, wait_for
+from test_lifecycle import read_scheduler_file
 
 from shoal import Client, KilledWorker, LocalCluster
 from shoal.protocol import messages as m
@@ -281,3 +282,24 @@ def test_killed_worker_after_memory_kills_says_it_was_memory() -> None:
         assert all("killed for memory" in why for why in exc.reasons.values()), exc.reasons
         assert "killed for memory" in str(exc) and "more memory than a worker has" in str(exc)
         assert client.submit(getpid, 1, pure=False).result(timeout=20) in cluster.worker_pids
+
+
+def test_a_nanny_stopped_while_its_worker_starts_leaves_no_traceback(
+    tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    """A cluster closed right after ``scale(10)`` (Dask's futures notebook) stops
+    nannies whose workers are still importing: SIGINT there printed a KeyboardInterrupt
+    traceback per worker. A worker that has not connected has nothing to close: it is
+    killed outright, quietly."""
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    sched = spawn("scheduler", "--port", "0", "--scheduler-file", str(tmp_path / "s.json"), **quiet)
+    address = read_scheduler_file(tmp_path / "s.json", sched)
+    nanny = spawn("worker", address, "--nanny", stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not psutil.Process(nanny.pid).children():  # the worker process exists...
+        assert nanny.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    nanny.send_signal(signal.SIGTERM)  # ...and is still importing shoal
+    assert nanny.wait(20) is not None
+    err = nanny.stderr.read().decode()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]

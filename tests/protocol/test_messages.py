@@ -287,6 +287,8 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         timeout=1.5,
         token="lease-1",
         stimulus_id="coordinate-40",
+        names=["a", "b"],
+        lease_timeout=30.0,
     ),
     m.RegisterActor: m.RegisterActor(keys=["Counter-1", ("A", 2)], stimulus_id="actor-1"),
     m.ActorCall: m.ActorCall(
@@ -374,6 +376,20 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.RestartRequest: m.RestartRequest(request_id=30, stimulus_id="restart-1"),
     m.RetryKeys: m.RetryKeys(["x-1", ("y", 0)], "retry-1"),
     m.ReplicateKeys: m.ReplicateKeys(["x-1"], n=2, workers=["w-1"], stimulus_id="replicate-1"),
+    m.RebalanceRequest: m.RebalanceRequest(
+        request_id=31,
+        keys=["x-1", ("y", 0)],
+        workers=["w-1"],
+        stimulus_id="rebalance-1",
+        sender_min=0.2,
+        recipient_max=0.5,
+        sender_recipient_gap=0.05,
+    ),
+    m.RebalanceReply: m.RebalanceReply(request_id=31, moved=3, abandoned=1),
+    m.HasWhatRequest: m.HasWhatRequest(request_id=32, worker="w-1", start=10, limit=5),
+    m.HasWhatReply: m.HasWhatReply(
+        request_id=32, address="tcp://127.0.0.1:1", keys=["x-1", ("y", 0)], total=12
+    ),
     m.DatasetReply: m.DatasetReply(
         request_id=29, names=["ds"], keys=[("y", 0)], data=b"\x80\x05.", error="no dataset"
     ),

@@ -14,7 +14,14 @@ waiters and subscriptions belong to the client that made them (a task's requests
 from its worker's client), and go when that client leaves: no lease outlives its holder.
 Queues, variables, events and topics belong to the cluster, as in Dask.
 
-A Lock is a semaphore with one lease, in its own namespace.
+A Lock is a semaphore with one lease, in its own namespace. As in Dask, a lease may
+carry a timeout (``distributed.scheduler.locks.lease-timeout``, sent by the client):
+its holder refreshes it (``refresh``) well within that time; a lease not refreshed for
+longer is released (its holder stalled, or lost touch), and the next waiter granted.
+
+A MultiLock request (Dask's ``MultiLockExtension``) queues on each of its names; it
+holds a name while first in that name's queue, and is granted once it holds
+``num_locks`` of them, giving up its places in the other queues then.
 """
 
 from __future__ import annotations
@@ -26,15 +33,17 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from shoal.core.scheduler.multilock import MultiLocks, MultiRequest
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
 Item = tuple[bytes | None, Key | None]  # (pickled value, None) or (None, a task key)
 
-KINDS = ("lock", "semaphore", "event", "variable", "queue", "pubsub")
+KINDS = ("lock", "semaphore", "multilock", "event", "variable", "queue", "pubsub")
 OPS = {
-    "lock": ("acquire", "release", "value"),
-    "semaphore": ("acquire", "release", "value"),
+    "lock": ("acquire", "release", "value", "refresh"),
+    "semaphore": ("acquire", "release", "value", "refresh"),
+    "multilock": ("acquire", "release"),
     "event": ("set", "clear", "is_set", "wait"),
     "variable": ("set", "get", "delete"),
     "queue": ("create", "put", "get", "qsize"),
@@ -42,8 +51,9 @@ OPS = {
 }
 
 NEEDS_TOKEN = {  # a lease's or a subscription's id, chosen by the client
-    "lock": ("acquire", "release"),
-    "semaphore": ("acquire", "release"),
+    "lock": ("acquire", "release", "refresh"),
+    "semaphore": ("acquire", "release", "refresh"),
+    "multilock": ("acquire", "release"),
     "pubsub": ("subscribe", "unsubscribe", "get"),
 }
 
@@ -80,6 +90,7 @@ class Waiter:
         "done",
         "got",
         "home",
+        "multi",
     )
 
     def __init__(self, client: str, msg: m.Coordinate, deadline: float, item: Item | None):
@@ -94,15 +105,19 @@ class Waiter:
         # (where they go back if the get times out or its client leaves).
         self.got: list[Item] = []
         self.home: Queue | None = None
+        self.multi: MultiRequest | None = None  # a MultiLock acquire's request
 
 
 class Semaphore:
-    __slots__ = ("max_leases", "leases", "waiters")
+    __slots__ = ("where", "max_leases", "leases", "waiters", "lease_timeout", "refreshed")
 
-    def __init__(self, max_leases: int):
+    def __init__(self, where: tuple[str, str], max_leases: int, lease_timeout: float | None = None):
+        self.where = where  # (kind, name)
         self.max_leases = max_leases
         self.leases: dict[str, str] = {}  # lease token -> holder client id
         self.waiters: deque[Waiter] = deque()
+        self.lease_timeout = lease_timeout  # None: leases live until released
+        self.refreshed: dict[str, float] = {}  # lease token -> when granted or refreshed
 
 
 class Event:
@@ -145,7 +160,7 @@ def _reply(waiter: Waiter | m.Coordinate, **fields: Any) -> m.CoordinateReply:
     return m.CoordinateReply(waiter.request_id, **fields)
 
 
-class CoordinationState:
+class CoordinationState(MultiLocks):
     def __init__(self) -> None:
         self.semaphores: dict[tuple[str, str], Semaphore] = {}  # (kind, name)
         self.events: dict[str, Event] = {}
@@ -154,8 +169,14 @@ class CoordinationState:
         self.subscriptions: dict[str, Subscription] = {}  # token -> subscription
         self.topics: dict[str, dict[str, Subscription]] = {}  # topic -> token -> sub
         self.key_refs: dict[Key, int] = {}  # how many places in primitives hold each key
+        self.multilocks: dict[str, list[MultiRequest]] = {}  # name -> queue (first holds)
+        self.multi_requests: dict[str, MultiRequest] = {}  # token -> request
         self._deadlines: list[tuple[float, int, Waiter]] = []
+        # When leases may have expired: (due, seq, (kind, name), token); an entry is
+        # checked when due, and pushed again if its lease was refreshed since.
+        self._lease_checks: list[tuple[float, int, tuple[str, str], str]] = []
         self._seq = itertools.count()
+        self.expired_leases = 0  # leases released because their holder stopped refreshing
 
     # ------------------------------------------------------------------ entry points
 
@@ -170,7 +191,8 @@ class CoordinationState:
         return out
 
     def expire(self, now: float) -> Outcome:
-        """Answer (``ok=False``) the waiters whose deadline is ``now`` or earlier."""
+        """Answer (``ok=False``) the waiters whose deadline is ``now`` or earlier, and
+        release the leases not refreshed within their timeout."""
         out = Outcome()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, waiter = heapq.heappop(self._deadlines)
@@ -178,20 +200,41 @@ class CoordinationState:
                 waiter.done = True
                 self._give_back(waiter)
                 out.replies.append((waiter.client, _reply(waiter, ok=False, timed_out=True)))
+                if waiter.multi is not None:
+                    self._multi_withdraw(waiter.multi, now, out)
         if out.replies:
             self._prune_waiters()
+        while self._lease_checks and self._lease_checks[0][0] <= now:
+            _, _, where, token = heapq.heappop(self._lease_checks)
+            sem = self.semaphores.get(where)
+            if sem is None or token not in sem.leases or sem.lease_timeout is None:
+                continue  # released meanwhile
+            due = sem.refreshed[token] + sem.lease_timeout
+            if due > now:  # refreshed since: checked again then
+                heapq.heappush(self._lease_checks, (due, next(self._seq), where, token))
+                continue
+            del sem.leases[token]
+            del sem.refreshed[token]
+            self.expired_leases += 1
+            self._grant(sem, now, out)
         return out
 
     def next_deadline(self) -> float:
-        """The earliest deadline of a waiter still waiting (inf: none)."""
+        """The earliest deadline of a waiter still waiting or of a lease (inf: none)."""
         while self._deadlines and self._deadlines[0][2].done:
             heapq.heappop(self._deadlines)
-        return self._deadlines[0][0] if self._deadlines else math.inf
+        waiter = self._deadlines[0][0] if self._deadlines else math.inf
+        lease = self._lease_checks[0][0] if self._lease_checks else math.inf
+        return min(waiter, lease)
 
-    def remove_client(self, client: str) -> Outcome:
+    def remove_client(self, client: str, now: float = 0.0) -> Outcome:
         """``client`` left: its leases are released (waiters granted in its place),
-        its waiters and subscriptions dropped."""
+        its waiters, MultiLock requests and subscriptions dropped."""
         out = Outcome()
+        for request in [r for r in self.multi_requests.values() if r.client == client]:
+            if request.waiter is not None:
+                request.waiter.done = True
+            self._multi_withdraw(request, now, out)
         for sem in self.semaphores.values():
             for w in sem.waiters:
                 if w.client == client:
@@ -207,8 +250,9 @@ class CoordinationState:
             gone = [token for token, holder in sem.leases.items() if holder == client]
             for token in gone:
                 del sem.leases[token]
+                sem.refreshed.pop(token, None)
             if gone:
-                self._grant(sem, out)
+                self._grant(sem, now, out)
         self._prune_waiters()
         return out
 
@@ -228,6 +272,16 @@ class CoordinationState:
             return f"a {msg.kind} {msg.op} needs a token (a lease's or a subscription's)"
         if msg.kind in ("lock", "semaphore") and msg.op == "acquire" and msg.number < 1:
             return f"a semaphore's max_leases is >= 1, not {msg.number}"
+        if msg.lease_timeout is not None and not msg.lease_timeout > 0:
+            return f"a lease timeout is a number of seconds > 0 or None, not {msg.lease_timeout!r}"
+        if msg.kind == "multilock" and msg.op == "acquire":
+            names = msg.names
+            if not names or not all(isinstance(n, str) and n for n in names):
+                return f"a MultiLock needs non-empty lock names, not {names!r}"
+            if len(set(names)) != len(names):
+                return f"a MultiLock's lock names are distinct, not {names!r}"
+            if not 1 <= msg.number <= len(names):
+                return f"num_locks is between 1 and {len(names)} (the names), not {msg.number}"
         if msg.kind == "queue" and msg.op == "create" and msg.number < 0:
             return f"a queue's maxsize is >= 0, not {msg.number}"
         if msg.kind == "pubsub" and msg.op == "get" and msg.token not in self.subscriptions:
@@ -316,7 +370,10 @@ class CoordinationState:
 
     def _semaphore_acquire(self, client: str, msg: m.Coordinate, now: float, out: Outcome) -> None:
         max_leases = 1 if msg.kind == "lock" else int(msg.number)
-        sem = self.semaphores.setdefault((msg.kind, msg.name), Semaphore(max_leases))
+        sem = self.semaphores.get((msg.kind, msg.name))
+        if sem is None:  # the first acquire's lease timeout stays, as Dask's registration
+            sem = Semaphore((msg.kind, msg.name), max_leases, msg.lease_timeout)
+            self.semaphores[(msg.kind, msg.name)] = sem
         if sem.max_leases != max_leases:
             error = (
                 f"semaphore {msg.name!r} has max_leases={sem.max_leases}, "
@@ -330,7 +387,7 @@ class CoordinationState:
             return
         waiter = Waiter(client, msg, math.inf, None)
         if len(sem.leases) < sem.max_leases and not sem.waiters:
-            sem.leases[msg.token] = client
+            self._lease(sem, msg.token, client, now)
             out.replies.append((client, _reply(msg)))
         elif self._park(waiter, msg, now, out):
             sem.waiters.append(waiter)
@@ -341,25 +398,44 @@ class CoordinationState:
             out.replies.append((client, _reply(msg, ok=False)))
             return
         del sem.leases[msg.token]
+        sem.refreshed.pop(msg.token, None)
         out.replies.append((client, _reply(msg)))
-        self._grant(sem, out)
+        self._grant(sem, now, out)
+
+    def _semaphore_refresh(self, client: str, msg: m.Coordinate, now: float, out: Outcome) -> None:
+        """The holder is alive: its lease lives another ``lease_timeout`` (ok=False for
+        a lease it no longer holds: released, or expired)."""
+        sem = self._semaphore(msg)
+        if sem is None or sem.leases.get(msg.token) != client:
+            out.replies.append((client, _reply(msg, ok=False)))
+            return
+        sem.refreshed[msg.token] = now
+        out.replies.append((client, _reply(msg)))
+
+    def _lease(self, sem: Semaphore, token: str, client: str, now: float) -> None:
+        sem.leases[token] = client
+        sem.refreshed[token] = now
+        if sem.lease_timeout is not None:
+            due = now + sem.lease_timeout
+            heapq.heappush(self._lease_checks, (due, next(self._seq), sem.where, token))
 
     def _semaphore_value(self, client: str, msg: m.Coordinate, now: float, out: Outcome) -> None:
         sem = self._semaphore(msg)
         out.replies.append((client, _reply(msg, number=len(sem.leases) if sem else 0)))
 
-    def _grant(self, sem: Semaphore, out: Outcome) -> None:
+    def _grant(self, sem: Semaphore, now: float, out: Outcome) -> None:
         while sem.waiters and len(sem.leases) < sem.max_leases:
             waiter = sem.waiters.popleft()
             if waiter.done:
                 continue
             waiter.done = True
-            sem.leases[waiter.token] = waiter.client
+            self._lease(sem, waiter.token, waiter.client, now)
             out.replies.append((waiter.client, _reply(waiter)))
 
     _lock_acquire = _semaphore_acquire
     _lock_release = _semaphore_release
     _lock_value = _semaphore_value
+    _lock_refresh = _semaphore_refresh
 
     # ------------------------------------------------------------------ events
 
@@ -635,7 +711,8 @@ class Coordination:
             self._carry_out(self.coordination.expire(now), stimulus_id)
 
     def _coordination_client_left(self, client_id: str, stimulus_id: str) -> None:
-        self._carry_out(self.coordination.remove_client(client_id), stimulus_id)
+        out = self.coordination.remove_client(client_id, self.wall_time)
+        self._carry_out(out, stimulus_id)
 
     def _carry_out(self, out: Outcome, stimulus_id: str) -> None:
         # Wants first: a key moving from a queue to a client is never unwanted between.

@@ -49,6 +49,7 @@ class Introspection:
     if TYPE_CHECKING:
 
         def pins_of(self, address: str) -> list[PinRecord]: ...
+        def _find_worker(self, name: str) -> WorkerRecord | None: ...
 
     def who_has(self, keys: Iterable[Key]) -> list[tuple[Key, list[str]]]:
         out = []
@@ -56,6 +57,16 @@ class Introspection:
             ts = self.tasks.get(key)
             out.append((key, [ws.address for ws in ts.who_has] if ts is not None else []))
         return out
+
+    def has_what_page(self, worker: str, start: int, limit: int) -> m.HasWhatReply:
+        """A page of the keys in memory on ``worker`` (name or address), every
+        client's, read from its live set: O(start + limit), never the whole set copied."""
+        ws = self._find_worker(worker)
+        if ws is None:
+            return m.HasWhatReply(0, "", [], 0)
+        start = max(0, start)
+        page = itertools.islice(ws.has_what, start, start + max(0, limit))
+        return m.HasWhatReply(0, ws.address, [ts.key for ts in page], len(ws.has_what))
 
     def worker_infos(self, start: int = 0, limit: int = -1) -> list[m.WorkerInfo]:
         """A page of the workers, in the order they joined (all of them by default).

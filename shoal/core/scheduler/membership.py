@@ -89,6 +89,8 @@ class Membership:
         def _done(self, stimulus_id: str) -> None: ...
         def _let_waiting_leave(self) -> None: ...
 
+        moves: dict[TaskState, Any]
+
         waiting_to_leave: dict[str, Any]
         def _unpin_worker(self, ws: WorkerRecord, stimulus_id: str, why: str) -> None: ...
         def pinned_why(self, ws: WorkerRecord) -> str: ...
@@ -273,6 +275,8 @@ class Membership:
             ws.history.append((now, msg.memory, msg.cpu, msg.spilled))
             if address in self.retiring:
                 self._retry_copies(ws)
+                self._done(f"heartbeat-{address}")
+            elif self.moves:  # rebalance moves past their time are given up
                 self._done(f"heartbeat-{address}")
         return heartbeat_interval(len(self.workers))
 

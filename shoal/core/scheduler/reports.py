@@ -38,6 +38,9 @@ class WorkerReports:
         def _drained(self, ws: WorkerRecord, key: Key) -> bool: ...
         def _add_replica(self, ts: TaskState, ws: WorkerRecord, nbytes: int) -> None: ...
         def _remove_replica(self, ts: TaskState, ws: WorkerRecord) -> None: ...
+        def _moves_arrived(self, ws: WorkerRecord, keys: list[Key], stimulus_id: str) -> None: ...
+
+        moves: dict[TaskState, Any]
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)
@@ -93,6 +96,8 @@ class WorkerReports:
                 # FreeKeys now would reach it after, leaving a copy said to be there.
                 continue
             self._stale_result(ws, ts, key, nbytes, msg.stimulus_id)
+        if self.moves:  # copies a rebalance asked for: their senders may drop theirs
+            self._moves_arrived(ws, msg.keys, msg.stimulus_id)
 
     def _missing_data(self, ws: WorkerRecord, msg: m.MissingData) -> None:
         """``ws`` could not fetch ``msg.missing`` from the holders it asked: treat those

@@ -42,6 +42,7 @@ from shoal.core.scheduler.output import OutputRouting
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
+from shoal.core.scheduler.rebalance import Rebalance
 from shoal.core.scheduler.replication import Replication
 from shoal.core.scheduler.reports import WorkerReports
 from shoal.core.scheduler.restart import Restart
@@ -90,6 +91,7 @@ class SchedulerState(
     Datasets,
     Restart,
     Replication,
+    Rebalance,
     Stealing,
     OutputRouting,
     Coordination,
@@ -127,6 +129,7 @@ class SchedulerState(
         self._init_shuffles()  # after pins: it registers its pin owners
         self._init_stealing(stealing)
         self._init_coordination()
+        self._init_rebalance()
         self._init_actors()  # after pins: it registers its pin owners
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
@@ -197,6 +200,8 @@ class SchedulerState(
             self._schedule_restricted(stimulus_id)
         if self.retiring:
             self._advance_retirements(stimulus_id)
+        if self.moves:  # rebalance moves that can no longer finish are given up
+            self._advance_moves(stimulus_id)
         if self.nqueued and self.free_workers:
             self._schedule_queued(stimulus_id)
             if self.nslotted and self.free_workers:  # those that gave way to root tasks
@@ -486,6 +491,7 @@ class SchedulerState(
         m.RestartRequest: Restart._restart,
         m.RetryKeys: Restart._retry_keys,
         m.ReplicateKeys: Replication._replicate_keys,
+        m.RebalanceRequest: Rebalance._rebalance,
         m.RetireWorkers: Membership._retire_workers,
         m.WatchProgress: Progress._watch_progress,
         m.StopProgress: Progress._stop_progress,

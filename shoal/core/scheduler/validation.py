@@ -192,6 +192,11 @@ def validate_scheduler_state(state: SchedulerState) -> None:
             check(indexed == runnable, f"{resource} of {ws.address}")
         if ws.budget is not None:  # walltime: never more tasks than its budget
             check(ws.assigned <= ws.budget, f"{ws.address} given more than its task budget")
+    for ts, move in state.moves.items():  # rebalance: a move only while it can finish
+        check(move.ts is ts and state.tasks.get(ts.key) is ts, "move of a gone key", ts)
+        check(ts.state == "memory" and move.sender in ts.who_has, "move of a lost copy", ts)
+        check(move.recipient.address in state.runnable, "move to an unrunnable worker", ts)
+        check(move.request.pending > 0, "move of an answered rebalance", ts)
     limited = [
         ws for ws in state.runnable.values() if ws.deadline is not None or ws.budget is not None
     ]

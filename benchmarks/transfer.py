@@ -22,7 +22,8 @@ mark (VmHWM, reset through ``/proc/PID/clear_refs`` just before the timed part) 
 side, minus that process's RSS before the payload existed (sender) or before the
 transfer (receiver), over the payload's size: 1.0 means the payload itself and nothing
 more. Each cell is the median of ``--repeat`` runs (each run makes a fresh payload and
-releases everything after). Ratios are shoal/Dask for MB/s (> 1: shoal faster) and
+releases everything after; shoal's received arrays may land in memory recycled from
+the run before, see "First timed run"). Ratios are shoal/Dask for MB/s (> 1: shoal faster) and
 Dask/shoal for peak RSS (> 1: shoal leaner).
 """
 
@@ -231,6 +232,19 @@ def _ratio(x: float | None, y: float | None) -> str:
     return "—" if x is None or y is None or y == 0 else f"{x / y:.2f}"
 
 
+def _first_runs(
+    by: dict[tuple[str, str, str, int], Cell], keys: list[Any], systems: list[str]
+) -> list[list[str]]:
+    rows = []
+    for op, kind, n in keys:
+        row = [op, kind, label(n)]
+        for s in systems:
+            c = by.get((s, op, kind, n))
+            row.append(_fmt(n / MB / c.runs[0].seconds) if c is not None and c.runs else "—")
+        rows.append(row)
+    return rows
+
+
 def render(cells: list[Cell], systems: list[str], command: str, settings: str) -> tuple[str, str]:
     by = {(c.system, c.op, c.kind, c.nbytes): c for c in cells}
     keys = sorted(
@@ -286,6 +300,19 @@ def render(cells: list[Cell], systems: list[str], command: str, settings: str) -
                 )
         rows.append(row)
     tables = ["## Transfers", "", *_table(header, rows)]
+    firsts = _first_runs(by, keys, systems)
+    if firsts:
+        tables += [
+            "",
+            "## First timed run of each cell",
+            "",
+            "shoal receives large arrays into buffers recycled from earlier transfers "
+            "(`shoal/comm/buffer_pool.py`): a cell's first run finds none of its size "
+            "idle unless the previous cell left one within `buffer-pool-idle` seconds, "
+            "later runs reuse the one before's. MB/s of the first run alone:",
+            "",
+            *_table(["op", "payload", "size", *[f"{s} first run MB/s" for s in systems]], firsts),
+        ]
     if bars:
         tables += [
             "",

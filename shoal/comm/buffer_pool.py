@@ -51,7 +51,7 @@ MIN_SIZE = 4 << 20  # smaller buffers fault in quickly and malloc reuses their m
 # A region serves a request of n bytes when it holds at most this much more (its
 # unused tail stays faulted in, counted nowhere but in RSS).
 SLACK = 1.25
-DEFAULT_IDLE_SECONDS = 10.0
+DEFAULT_IDLE_SECONDS = 30.0  # as Dask's distributed.worker.memory.recent-to-old-time
 
 _np: Any = None
 

@@ -328,7 +328,7 @@ def pool_bytes(value: Any, memory_limit: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ValueError(
             "shoal.worker.transfer.buffer-pool is a fraction of the memory limit, an "
-            f"amount of memory (\"1GiB\") or false, not {value!r}"
+            f'amount of memory ("1GiB") or false, not {value!r}'
         )
     if value <= 1:
         return int(memory_limit * value)

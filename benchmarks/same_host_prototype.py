@@ -6,6 +6,8 @@ Two processes on one machine; the sender holds a float64 array (every page touch
 the receiver ends up owning a copy of it. Modes:
 
 * ``tcp``: loopback TCP into a fresh receive buffer (shoal's path today).
+* ``tcp-warm``: loopback TCP into a receive buffer recycled from the previous run (an
+  anonymous ``mmap`` faulted in once, before the first run: a pool of one).
 * ``memfd-fresh``: the sender copies into a new ``memfd`` segment and passes its fd
   over a Unix socket (``SCM_RIGHTS``); the receiver maps it ``MAP_POPULATE``.
 * ``memfd-pool``: as ``memfd-fresh``, into a segment faulted in beforehand (a pool of
@@ -51,13 +53,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _receiver(sock: socket.socket, mode: str, n: int, results: Any) -> None:
+    warm = None
+    if mode == "tcp-warm":
+        warm = mmap.mmap(-1, n)
+        _prefault(warm)
     while True:
         segment = None
-        if mode == "tcp":
+        if mode.startswith("tcp"):
             header = _recv_exact(sock, HEADER)
             if not header:
                 return
-            buf = bytearray(n)
+            buf: Any = bytearray(n) if warm is None else warm
             view = memoryview(buf)
             got = 0
             while got < n:
@@ -74,7 +80,7 @@ def _receiver(sock: socket.socket, mode: str, n: int, results: Any) -> None:
         intact = bool(arr[0] == 1.5 and arr[-1] == 1.5)
         with open("/proc/self/status") as f:
             status = f.read().splitlines()
-        memory = {k: v.split()[0] for k, v in (line.split(":", 1) for line in status)}
+        memory = {k: (v.split() or ["0"])[0] for k, v in (line.split(":", 1) for line in status)}
         results.put((seconds, intact, int(memory["VmRSS"]), int(memory.get("RssShmem", 0))))
         del arr
         if segment is not None:
@@ -88,7 +94,7 @@ def _tcp_receiver(address: Any, mode: str, n: int, results: Any) -> None:
 def run(mode: str, nbytes: int, repeat: int) -> list[float]:
     n = nbytes // 8 * 8
     results: Any = mp.Queue()
-    if mode == "tcp":
+    if mode.startswith("tcp"):
         server = socket.socket()
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -116,7 +122,7 @@ def run(mode: str, nbytes: int, repeat: int) -> list[float]:
         time.sleep(0.3)
         start = time.time()
         header = f"{start:.6f}".ljust(HEADER).encode()
-        if mode == "tcp":
+        if mode.startswith("tcp"):
             sender.sendall(header)
             sender.sendall(memoryview(data).cast("B"))
         else:
@@ -147,7 +153,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="100MB,1GB")
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--modes", default="tcp,memfd-fresh,memfd-pool")
+    p.add_argument("--modes", default="tcp,tcp-warm,memfd-fresh,memfd-pool")
     args = p.parse_args()
     units = {"GB": 10**9, "MB": 10**6}
     for size in args.sizes.split(","):

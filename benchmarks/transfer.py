@@ -2,11 +2,13 @@
 
     python benchmarks/transfer.py [--repeat 3] [--sizes 1MB,100MB,1GB] [--kinds numpy,pandas]
         [--bytes-sizes 1GB] [--ops gather,scatter,w2w] [--systems shoal,dask] [--quick]
-        [--out benchmarks/RESULTS-transfer.md]
+        [--sequential] [--out benchmarks/RESULTS-transfer.md]
 
 Same layout as ``benchmarks/run.py``: per system one scheduler process and two worker
 processes with one thread each (Dask: ``--no-nanny --no-dashboard``), the client in this
-process, all on 127.0.0.1. For every payload (a float64 numpy array, a pandas frame of
+process, all on 127.0.0.1. Both systems' clusters run at once and each cell's timed runs
+alternate between them (``--sequential``: one system after the other), so the load of a
+shared machine falls on both alike. For every payload (a float64 numpy array, a pandas frame of
 four float64 columns, a ``bytes``; ``transfer_tasks.make_payload``) and size:
 
 * gather: the payload is made on worker A (pinned with ``workers=``); timed:
@@ -22,7 +24,8 @@ mark (VmHWM, reset through ``/proc/PID/clear_refs`` just before the timed part) 
 side, minus that process's RSS before the payload existed (sender) or before the
 transfer (receiver), over the payload's size: 1.0 means the payload itself and nothing
 more. Each cell is the median of ``--repeat`` runs (each run makes a fresh payload and
-releases everything after). Ratios are shoal/Dask for MB/s (> 1: shoal faster) and
+releases everything after; shoal's received arrays may land in memory recycled from
+the run before, see "First timed run"). Ratios are shoal/Dask for MB/s (> 1: shoal faster) and
 Dask/shoal for peak RSS (> 1: shoal leaner).
 """
 
@@ -188,6 +191,63 @@ def _wait(client: Any, fut: Any) -> None:
     mod.wait([fut])
 
 
+def run_interleaved(
+    systems: list[str], args: argparse.Namespace, plan: list[tuple[str, str, int]]
+) -> list[Cell]:
+    """Every system's cluster up at once; each cell's runs alternate between systems
+    (the first system of a round rotates), so a shared machine's changing load falls
+    on all of them alike instead of on whichever ran later."""
+    cells = {(s, op, kind, n): Cell(s, op, kind, n) for op, kind, n in plan for s in systems}
+    clusters: dict[str, Cluster] = {}
+    benches: dict[str, Bench] = {}
+    try:
+        for s in systems:
+            cluster = clusters[s] = Cluster(SYSTEMS[s], n_workers=2, timeout=args.startup_timeout)
+            try:
+                cluster.start()
+                benches[s] = Bench(cluster, args.timeout)
+            except Exception as e:
+                log(f"!! {s}: {type(e).__name__}: {e}")
+                for (sys_, *_), cell in cells.items():
+                    if sys_ == s:
+                        cell.error = f"cluster: {type(e).__name__}: {e}"
+        for op, kind, n in plan:
+            log(f"   {op} {kind} {label(n)}")
+            live = [s for s in systems if s in benches]
+            for s in live:
+                _one_run(benches, cells[(s, op, kind, n)], min(n, 1 * MB), warm_up=True)
+            for r in range(args.repeat):
+                for s in live[r % len(live) :] + live[: r % len(live)]:
+                    _one_run(benches, cells[(s, op, kind, n)], n)
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+    return list(cells.values())
+
+
+def _one_run(benches: dict[str, Bench], cell: Cell, nbytes: int, warm_up: bool = False) -> None:
+    bench = benches.get(cell.system)
+    if cell.error or bench is None:
+        cell.error = cell.error or "its cluster failed in an earlier cell"
+        return
+    try:
+        run = bench.one(cell.op, cell.kind, nbytes)
+    except Exception as e:  # one failing cell must not lose the others
+        cell.error = f"{type(e).__name__}: {e}"
+        log(f"!! {cell.system} {cell.op} {cell.kind} {label(cell.nbytes)}: {cell.error}")
+        log(traceback.format_exc())
+        if isinstance(e, ClusterError) or "Timeout" in type(e).__name__:
+            del benches[cell.system]  # that system runs no further cell
+        return
+    if warm_up:
+        return
+    cell.runs.append(run)
+    log(
+        f"      {cell.system:6s}{nbytes / MB / run.seconds:8.0f} MB/s  sender "
+        f"{run.sender_peak / nbytes:.2f}x  receiver {run.receiver_peak / nbytes:.2f}x"
+    )
+
+
 def run_system(
     system: str, args: argparse.Namespace, plan: list[tuple[str, str, int]]
 ) -> list[Cell]:
@@ -228,7 +288,22 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 
 def _ratio(x: float | None, y: float | None) -> str:
-    return "—" if x is None or y is None or y == 0 else f"{x / y:.2f}"
+    # (a peak of ~0: shoal's receiver reused memory it held before the transfer; a
+    # ratio over it would only measure noise)
+    return "—" if x is None or y is None or abs(y) < 0.01 else f"{x / y:.2f}"
+
+
+def _first_runs(
+    by: dict[tuple[str, str, str, int], Cell], keys: list[Any], systems: list[str]
+) -> list[list[str]]:
+    rows = []
+    for op, kind, n in keys:
+        row = [op, kind, label(n)]
+        for s in systems:
+            c = by.get((s, op, kind, n))
+            row.append(_fmt(n / MB / c.runs[0].seconds) if c is not None and c.runs else "—")
+        rows.append(row)
+    return rows
 
 
 def render(cells: list[Cell], systems: list[str], command: str, settings: str) -> tuple[str, str]:
@@ -286,6 +361,19 @@ def render(cells: list[Cell], systems: list[str], command: str, settings: str) -
                 )
         rows.append(row)
     tables = ["## Transfers", "", *_table(header, rows)]
+    firsts = _first_runs(by, keys, systems)
+    if firsts:
+        tables += [
+            "",
+            "## First timed run of each cell",
+            "",
+            "shoal receives large arrays into buffers recycled from earlier transfers "
+            "(`shoal/comm/buffer_pool.py`): a cell's first run finds none of its size "
+            "idle unless the previous cell left one within `buffer-pool-idle` seconds, "
+            "later runs reuse the one before's. MB/s of the first run alone:",
+            "",
+            *_table(["op", "payload", "size", *[f"{s} first run MB/s" for s in systems]], firsts),
+        ]
     if bars:
         tables += [
             "",
@@ -322,6 +410,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ops", default=",".join(OPS), help="gather,scatter,w2w")
     p.add_argument("--systems", default="shoal,dask", help="comma-separated (default shoal,dask)")
     p.add_argument("--quick", action="store_true", help="1 MB and 100 MB, 2 runs, no bytes")
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one system after the other (default: runs alternate between systems)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per client call")
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per cluster start")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
@@ -352,19 +445,31 @@ def main(argv: list[str] | None = None) -> int:
     load0 = load_average()
     t0 = time.monotonic()
     cells: list[Cell] = []
+    available = []
     for s in args.systems:
         why = SYSTEMS[s].available()
         if why:
             log(f"!! skipping {s}: {why}")
             continue
-        log(f"== transfer on {s}")
-        cells += run_system(s, args, plan)
+        available.append(s)
+    if args.sequential:
+        for s in available:
+            log(f"== transfer on {s}")
+            cells += run_system(s, args, plan)
+    elif available:
+        log(f"== transfer on {', '.join(available)}, runs alternating")
+        cells = run_interleaved(available, args, plan)
     if not cells:
         return 2
     load1 = load_average()
+    order = (
+        "one after the other"
+        if args.sequential
+        else "alternating run by run, the first of each round rotating"
+    )
     settings = (
         f"1 warm-up (1 MB) + {args.repeat} timed runs per cell, systems "
-        f"{', '.join(args.systems)} (in that order), total time {time.monotonic() - t0:.0f} s; "
+        f"{', '.join(args.systems)} ({order}), total time {time.monotonic() - t0:.0f} s; "
         f"load average (1/5/15 min) {load0} at start, {load1} at end"
     )
     doc, tables = render(cells, args.systems, command, settings)

@@ -52,6 +52,7 @@ DURATIONS = {
     "scheduler.handshake-timeout",
     "worker.timeout",
     "worker.interrupt-grace",
+    "worker.transfer.buffer-pool-idle",
     "comm.timeouts.connect",
     "comm.timeouts.scheduler",
 }

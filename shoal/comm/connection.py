@@ -30,6 +30,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from shoal.comm.buffer_pool import process_pool
 from shoal.comm.handshake import AuthFailed, ConnectorHandshake, ListenerHandshake
 from shoal.comm.traffic import Traffic
 from shoal.core.story import InvalidState, InvalidTransition
@@ -109,7 +110,10 @@ class Connection(asyncio.BufferedProtocol):
         self._handshake_timeout = handshake_timeout
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.on_close: Callable[[Connection, BaseException | None], None] | None = None
-        self.decoder = FrameDecoder(max_frame_size)
+        pool = process_pool()  # large pickled buffers land in recycled memory
+        self.decoder = FrameDecoder(
+            max_frame_size, allocator=None if pool is None else pool.allocate
+        )
         self._wqueue: collections.deque[memoryview] = collections.deque()  # behind a chunk
         self._wqueued = 0  # bytes in _wqueue
         self._write_paused = False

@@ -27,13 +27,13 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from shoal.protocol.messages import ALL_MESSAGES, AnyMessage, Message
-from shoal.protocol.serialize import BYTES
+from shoal.protocol.serialize import BYTES, PICKLE
 
 MAGIC = b"SH"
 _HEADER = struct.Struct("!2sHI")
@@ -142,6 +142,12 @@ class FrameDecoder:
     pair: :meth:`get_buffer` hands out where the next bytes go (a view into the
     buffer being read, so the kernel writes large data straight into place; a small
     scratch area otherwise) and :meth:`buffer_updated` takes note of what was written.
+
+    ``allocator``, when given, is asked first for the buffers of pickled values (not
+    bytes payloads, which own their storage): ``allocator(n)`` returns an object of
+    ``n`` bytes and a writable view of them (every byte is written before the frame
+    is returned), or None to let the decoder allocate as above. It may recycle memory
+    (:mod:`shoal.comm.buffer_pool`) as long as nothing can still see it.
     """
 
     def __init__(
@@ -149,7 +155,9 @@ class FrameDecoder:
         max_frame_size: int = DEFAULT_MAX_FRAME,
         max_buffer_size: int | None = None,
         scratch_size: int = SCRATCH_SIZE,
+        allocator: Callable[[int], tuple[Any, memoryview] | None] | None = None,
     ):
+        self.allocator = allocator
         self.max_frame_size = max_frame_size
         self.max_buffer_size = physical_memory() if max_buffer_size is None else max_buffer_size
         self._buf = bytearray()  # received, not yet consumed
@@ -158,6 +166,7 @@ class FrameDecoder:
         self._layout: tuple[int, int, list[int]] | None = None  # prefix, body, buffers
         self._messages: list[Message] | None = None  # decoded body of the frame being read
         self._bytes_at: frozenset[int] = frozenset()  # buffers that become ``bytes``
+        self._pickled_at: frozenset[int] = frozenset()  # buffers of pickled values
         self._buffers: list[memoryview] = []  # the completed buffers of that frame
         self._target: Any = None  # the allocation of the buffer being read
         self._target_view: memoryview | None = None  # a writable view of it
@@ -252,6 +261,7 @@ class FrameDecoder:
                 return Frame(messages, [])
             self._messages = messages
             self._bytes_at = _bytes_buffers(messages)
+            self._pickled_at = _pickled_buffers(messages) if self.allocator else frozenset()
             self._held = prefix
         return self._read_buffers()
 
@@ -266,7 +276,10 @@ class FrameDecoder:
             if self._target_view is None:
                 if not buf and n:  # allocate once its first byte is here
                     return None
-                self._target, self._target_view = _allocate(n, i in self._bytes_at)
+                lent = self.allocator(n) if i in self._pickled_at else None  # type: ignore[misc]
+                if lent is None:
+                    lent = _allocate(n, i in self._bytes_at)
+                self._target, self._target_view = lent
                 self._filled = 0
             target = self._target_view
             if buf and self._filled < n:
@@ -285,7 +298,7 @@ class FrameDecoder:
         self._messages = None
         self._layout = None
         self._buffers = []
-        self._bytes_at = frozenset()
+        self._bytes_at = self._pickled_at = frozenset()
         self._held = 0
         return frame
 
@@ -307,6 +320,19 @@ def _bytes_buffers(messages: list[Message]) -> frozenset[int]:
             for p in msg.payloads:  # type: ignore[attr-defined]
                 if p.kind == BYTES and p.nbuffers == 1 and not p.data:
                     out.append(i)
+                i += p.nbuffers
+    return frozenset(out)
+
+
+def _pickled_buffers(messages: list[Message]) -> frozenset[int]:
+    """The indices of the out-of-band buffers of pickled values."""
+    out: list[int] = []
+    i = 0
+    for msg in messages:
+        if type(msg) in _OWN_BUFFERS:
+            for p in msg.payloads:  # type: ignore[attr-defined]
+                if p.kind == PICKLE:
+                    out.extend(range(i, i + p.nbuffers))
                 i += p.nbuffers
     return frozenset(out)
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import psutil
 
+from shoal.comm.buffer_pool import process_pool
 from shoal.server.spill import SpillBuffer
 
 logger = logging.getLogger("shoal.memory")
@@ -132,6 +133,12 @@ class MemoryMonitor:
     def check(self) -> None:
         rss = self.rss = process_memory(self._proc)
         spill, pause = self.fractions.spill, self.fractions.pause
+        lowest = min((f for f in (spill, pause) if f is not None), default=None)
+        if lowest is not None and rss > lowest * self.limit:
+            # Idle receive buffers kept for reuse go first: they hold no result.
+            pool = process_pool()
+            if pool is not None and pool.clear():
+                rss = self.rss = process_memory(self._proc)
         if spill is not None and self.data is not None and rss > spill * self.limit:
             rss = self._spill(rss)
         if pause is not None:

@@ -26,6 +26,7 @@ import psutil
 
 from shoal.client.loop import in_thread
 from shoal.comm.addresses import WorkerAddressOptions
+from shoal.comm.buffer_pool import configure_process_pool
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
@@ -243,6 +244,7 @@ class Worker:
             tune_gc()
             Connection.fatal_on_invalid_state = self.validate
         self._loop = asyncio.get_running_loop()
+        configure_process_pool(self.memory_limit)  # before the first connection
         self.lifetime.start(time.monotonic())
         listen_host, listen_port = self.addresses.listen_on(self.scheduler_address)
         self._server, listening = await listen(

@@ -1,5 +1,4 @@
-"""Plugins (shoal/plugins/), ``client.run`` and published datasets.
-"""
+"""Plugins (shoal/plugins/), ``client.run`` and published datasets."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 - ``state``: :class:`SchedulerState`, the task transitions and the message handlers,
   composed of the mixins below;
+- ``submission``: clients' graphs (SubmitTasks), wants, releases and cancels;
 - ``model``: the records (tasks, groups, prefixes, workers, clients);
 - ``placement``: which worker runs a task (root-task queue, restrictions, slots);
 - ``membership``: workers joining, leaving, pausing, retiring;

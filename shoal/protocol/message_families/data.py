@@ -13,6 +13,8 @@ from shoal.protocol.message_families.base import (
 )
 from shoal.protocol.message_families.tasks import DepInfo
 
+# --- client -> scheduler -------------------------------------------------------------
+
 
 class ScatterDone(Message):
     """Data the client placed on ``worker``: the scheduler records it as in memory."""
@@ -26,6 +28,9 @@ class ScatterDone(Message):
         check_parallel(self, "nbytes", self.nbytes, "sizes")
         for key in self.keys:
             check_decoded_key(key)
+
+
+# --- worker -> scheduler -------------------------------------------------------------
 
 
 class AddKeys(Message):
@@ -48,6 +53,9 @@ class MissingData(Message):
     missing: list[Key]
     stimulus_id: str = ""
     tried: list[list[str]] | None = None
+
+
+# --- peer to peer (worker <-> worker, client -> worker) ------------------------------
 
 
 class GetData(Message):
@@ -80,12 +88,18 @@ class Ack(Message):
     nbytes: list[int] = []
 
 
+# --- scheduler -> worker -------------------------------------------------------------
+
+
 class CopyKeys(Message):
     """Scheduler -> worker: fetch replicas of these keys from their holders and keep
     them (used to move data off a retiring worker)."""
 
     deps: list[DepInfo]
     stimulus_id: str = ""
+
+
+# --- client <-> scheduler ------------------------------------------------------------
 
 
 class ReplicateKeys(Message):

@@ -13,6 +13,8 @@ from shoal.protocol.message_families.base import (
     Payload,
 )
 
+# --- P2P shuffle (shoal/shuffle) -----------------------------------------------------
+
 
 class ShuffleMark(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """Client -> scheduler, on a TaskSpec: this task is part of P2P shuffle ``id``.
@@ -79,6 +81,9 @@ class ShuffleStats(Message):
     stimulus_id: str = ""
 
 
+# --- pins ----------------------------------------------------------------------------
+
+
 class PinInfo(msgspec.Struct, array_like=True, gc=False):
     """One pin on a worker, as ``scheduler_info`` shows it."""
 
@@ -127,6 +132,9 @@ class PinReply(Message):
 
 # A cluster (LocalCluster, a job-queue cluster) asks the scheduler what to do; the
 # scheduler decides (the adaptive policy and which workers to close are in the core).
+
+# --- scaling: scale and adapt --------------------------------------------------------
+
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 

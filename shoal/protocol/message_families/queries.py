@@ -15,6 +15,8 @@ from shoal.protocol.message_families.base import (
 )
 from shoal.protocol.message_families.elastic import PinInfo
 
+# --- client -> scheduler -------------------------------------------------------------
+
 
 class WhoHasRequest(Message):
     request_id: int
@@ -28,6 +30,9 @@ class InfoRequest(Message):
     request_id: int
     start: int = 0
     limit: int = -1
+
+
+# --- scheduler -> client -------------------------------------------------------------
 
 
 class WhoHasReply(Message):
@@ -146,6 +151,9 @@ class ClusterState(Message):
     removed: list[str] = []
 
 
+# --- the task stream and the event log -----------------------------------------------
+
+
 class TaskStreamRecord(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """One finished execution of a task (see ``core/scheduler/task_stream.py``).
     ``start``/``stop`` are the worker's wall clock (seconds since the epoch)."""
@@ -185,6 +193,9 @@ class EventsRequest(Message):
 class EventsReply(Message):
     request_id: int
     events: dict[str, list[tuple[float, dict[str, Any]]]]  # topic -> (timestamp, data)
+
+
+# --- has_what ------------------------------------------------------------------------
 
 
 class HasWhatRequest(Message):

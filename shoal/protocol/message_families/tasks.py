@@ -15,6 +15,8 @@ from shoal.protocol.message_families.base import (
 )
 from shoal.protocol.message_families.elastic import ShuffleMark, ShuffleRun
 
+# --- client -> scheduler -------------------------------------------------------------
+
 
 class TaskRestrictions(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     """Where a task may run: ``Client.submit(workers=, allow_other_workers=, resources=)``."""
@@ -78,6 +80,9 @@ class WantKeys(Message):
     stimulus_id: str = ""
 
 
+# --- scheduler -> client -------------------------------------------------------------
+
+
 class KeyInMemory(Message):
     key: Key
     value: Payload | None = None  # small results ride along, saving a round trip
@@ -110,6 +115,9 @@ class TaskUnplaceable(Message):
     longest_left: float | None  # the most seconds any worker has left (None: no worker)
     reason: str
     stimulus_id: str = ""
+
+
+# --- scheduler -> worker -------------------------------------------------------------
 
 
 class DepInfo(msgspec.Struct, array_like=True, gc=False):
@@ -166,6 +174,9 @@ class StealRequest(Message):
     key: Key
     run_id: int
     stimulus_id: str = ""
+
+
+# --- worker -> scheduler -------------------------------------------------------------
 
 
 class TaskFinished(Message):
@@ -242,6 +253,9 @@ class KeyUnserializable(Message):
     key: Key
     reason: str
     stimulus_id: str = ""
+
+
+# --- client -> scheduler -------------------------------------------------------------
 
 
 class FireAndForget(Message):

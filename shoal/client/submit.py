@@ -193,9 +193,8 @@ class SubmitMixin:
         them when the last part arrives; if making a part fails, the graph is dropped."""
         if self.status != "running":
             raise RuntimeError(f"the client is {self.status}")
-        futures = [
-            Future(k, cast("Client", self)) for k in keys
-        ]  # held before the message can be answered
+        client = cast("Client", self)
+        futures = [Future(k, client) for k in keys]  # held before the message can be answered
         wanted = list(dict.fromkeys(keys))
         seen: set[Key] = set()
         # Under one lock: the message that first uses a function must carry its bytes,

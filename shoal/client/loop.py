@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -34,22 +34,37 @@ async def in_thread(fn: Callable[[], T]) -> T:
     except RuntimeError as e:
         if "after interpreter shutdown" not in str(e) and "after shutdown" not in str(e):
             raise
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as e:
-            error.append(e)
-
-    thread = threading.Thread(target=target, name="shoal-exit-call", daemon=True)
-    thread.start()
-    while thread.is_alive():
+    call = ThreadCall(fn, "shoal-exit-call")
+    while not call.done():
         await asyncio.sleep(0.005)
-    if error:
-        raise error[0]
-    return result[0]
+    return call.result()
+
+
+class ThreadCall(Generic[T]):
+    """``fn()`` started at once in a daemon thread of its own; :meth:`result` waits for
+    it and returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[[], T], name: str):
+        self._fn = fn
+        self._result: list[T] = []
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result.append(self._fn())
+        except BaseException as e:
+            self._error.append(e)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
 
 
 class LoopRunner:

@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -36,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from shoal.client.loop import LoopRunner, run
+from shoal.client.loop import LoopRunner, ThreadCall, run
 from shoal.comm.security import Security, generate_token
 from shoal.config import CONFIGURED, resolve
 from shoal.deploy.cluster_view import ClusterViewMixin
@@ -531,21 +530,7 @@ def _children(pid: int) -> list[psutil.Process]:
 
 def _in_thread(fn: Any) -> Any:
     """Run ``fn`` in a helper thread: the caller may itself be inside an event loop."""
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as e:
-            error.append(e)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join()
-    if error:
-        raise error[0]
-    return result[0]
+    return ThreadCall(fn, "shoal-local-call").result()
 
 
 @atexit.register

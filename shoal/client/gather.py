@@ -17,6 +17,7 @@ from shoal.client.futures import Future, FutureState, wait_states
 from shoal.client.output import OutputReceiver
 from shoal.comm.connection import Connection, PeerProtocolError
 from shoal.comm.pool import ConnectionPool
+from shoal.comm.same_host import fetch_data
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import SerializationError, dumps_value, loads_values
@@ -177,8 +178,7 @@ class GatherMixin:
         """Values by key, keys the worker does not hold, keys it cannot pickle (why),
         and keys whose value cannot be unpickled here (the exception)."""
         conn = await self._worker_conns.get(address)
-        reply, buffers = await conn.request(lambda rid: m.GetData(rid, keys))
-        assert isinstance(reply, m.DataReply)
+        reply, buffers = await fetch_data(conn, keys)
         got, unloadable = loads_values(reply.keys, reply.payloads, buffers)
         return got, list(reply.missing), list(reply.failed), unloadable
 

@@ -49,6 +49,7 @@ logger = logging.getLogger("shoal.comm")
 FrameHandler = Callable[["Connection", Frame], None]
 _REPLIES = (
     m.DataReply,
+    m.LeaseReturned,
     m.Ack,
     m.WhoHasReply,
     m.InfoReply,

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from shoal.protocol.messages import ALL_MESSAGES, AnyMessage, Message
+from shoal.protocol.messages import ALL_MESSAGES, AnyMessage, Message, Payload
 from shoal.protocol.serialize import BYTES, PICKLE
 
 MAGIC = b"SH"
@@ -89,13 +89,34 @@ def decode_body(body: bytes | memoryview) -> list[Message]:
 _OWN_BUFFERS = frozenset(t for t in ALL_MESSAGES if "payloads" in t.__struct_fields__)
 
 
+def _carries_buffers(msg: Message) -> bool:
+    """Its payloads' buffers travel in the frame (not lent: see ``DataReply.lease``)."""
+    return type(msg) in _OWN_BUFFERS and not getattr(msg, "lease", 0)
+
+
 def _claimed_buffers(messages: list[Message]) -> int:
     n = 0
     for msg in messages:
-        if type(msg) in _OWN_BUFFERS:
+        if _carries_buffers(msg):
             for p in msg.payloads:  # type: ignore[attr-defined]
                 n += p.nbuffers
     return n
+
+
+# What each out-of-band buffer becomes on receipt: the whole of a bytes payload (a
+# ``bytes`` built in place), a buffer of a pickled value (recyclable memory), or other.
+BYTES_BUFFER, PICKLED_BUFFER, OTHER_BUFFER = "bytes", "pickled", "other"
+
+
+def buffer_roles(payloads: Sequence[Payload]) -> list[str]:
+    """The role of each buffer the payloads own, in order."""
+    roles: list[str] = []
+    for p in payloads:
+        if p.kind == BYTES and p.nbuffers == 1 and not p.data:
+            roles.append(BYTES_BUFFER)
+        else:
+            roles.extend([PICKLED_BUFFER if p.kind == PICKLE else OTHER_BUFFER] * p.nbuffers)
+    return roles
 
 
 class Frame:
@@ -120,7 +141,7 @@ def message_buffers(frame: Frame) -> list[tuple[Message, list[memoryview]]]:
     out = []
     cursor = 0
     for msg in frame.messages:
-        n = _claimed_buffers([msg]) if type(msg) in _OWN_BUFFERS else 0
+        n = _claimed_buffers([msg])
         out.append((msg, buffers[cursor : cursor + n]))
         cursor += n
     return out
@@ -278,7 +299,7 @@ class FrameDecoder:
                     return None
                 lent = self.allocator(n) if i in self._pickled_at else None  # type: ignore[misc]
                 if lent is None:
-                    lent = _allocate(n, i in self._bytes_at)
+                    lent = allocate(n, i in self._bytes_at)
                 self._target, self._target_view = lent
                 self._filled = 0
             target = self._target_view
@@ -311,30 +332,22 @@ def physical_memory() -> int:
         return 1 << 40
 
 
-def _bytes_buffers(messages: list[Message]) -> frozenset[int]:
-    """The indices of the buffers that are the whole of a bytes payload."""
-    out = []
-    i = 0
+def _frame_roles(messages: list[Message]) -> list[str]:
+    roles: list[str] = []
     for msg in messages:
-        if type(msg) in _OWN_BUFFERS:
-            for p in msg.payloads:  # type: ignore[attr-defined]
-                if p.kind == BYTES and p.nbuffers == 1 and not p.data:
-                    out.append(i)
-                i += p.nbuffers
-    return frozenset(out)
+        if _carries_buffers(msg):
+            roles.extend(buffer_roles(msg.payloads))  # type: ignore[attr-defined]
+    return roles
+
+
+def _bytes_buffers(messages: list[Message]) -> frozenset[int]:
+    """The indices of the frame's buffers that are the whole of a bytes payload."""
+    return frozenset(i for i, r in enumerate(_frame_roles(messages)) if r == BYTES_BUFFER)
 
 
 def _pickled_buffers(messages: list[Message]) -> frozenset[int]:
-    """The indices of the out-of-band buffers of pickled values."""
-    out: list[int] = []
-    i = 0
-    for msg in messages:
-        if type(msg) in _OWN_BUFFERS:
-            for p in msg.payloads:  # type: ignore[attr-defined]
-                if p.kind == PICKLE:
-                    out.extend(range(i, i + p.nbuffers))
-                i += p.nbuffers
-    return frozenset(out)
+    """The indices of the frame's out-of-band buffers of pickled values."""
+    return frozenset(i for i, r in enumerate(_frame_roles(messages)) if r == PICKLED_BUFFER)
 
 
 # Uninitialised allocations: every byte is written from the socket before anyone sees
@@ -357,7 +370,7 @@ if sys.implementation.name == "cpython":  # pragma: no branch
 _BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # offsetof(PyBytesObject, ob_sval)
 
 
-def _allocate(n: int, as_bytes: bool) -> tuple[Any, memoryview]:
+def allocate(n: int, as_bytes: bool) -> tuple[Any, memoryview]:
     """A new object of ``n`` bytes and a writable view of its storage."""
     try:
         if n < _DIRECT_MIN or _new_bytearray is None:

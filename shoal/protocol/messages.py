@@ -39,10 +39,12 @@ from shoal.protocol.message_families.data import (
     CopyKeys,
     DataReply,
     GetData,
+    LeaseReturned,
     MissingData,
     RebalanceReply,
     RebalanceRequest,
     ReplicateKeys,
+    ReturnLease,
     ScatterDone,
     UpdateData,
 )
@@ -174,7 +176,9 @@ from shoal.protocol.message_families.tasks import (
 #    memory_pause/terminate; WorkerInfo.spilled); rebalance (RebalanceRequest,
 #    RebalanceReply); has_what of every client (HasWhatRequest, HasWhatReply);
 #    Coordinate.names (MultiLock) and .lease_timeout.
-PROTOCOL_VERSION = 13
+# 14: same-host transfers: GetData.host, DataReply.lease/lender/lent, ReturnLease,
+#    LeaseReturned.
+PROTOCOL_VERSION = 14
 
 AnyMessage = (
     Hello
@@ -209,6 +213,8 @@ AnyMessage = (
     | MissingData
     | GetData
     | DataReply
+    | ReturnLease
+    | LeaseReturned
     | UpdateData
     | Ack
     | Heartbeat
@@ -295,6 +301,7 @@ __all__ = [
     "FreeKeys",
     "FunctionDefs",
     "GetData",
+    "LeaseReturned",
     "GroupsReply",
     "GroupsRequest",
     "HasWhatReply",
@@ -333,6 +340,7 @@ __all__ = [
     "ReleasePin",
     "RenewPin",
     "ReplicateKeys",
+    "ReturnLease",
     "RestartRequest",
     "RetireReply",
     "RetireWorkers",

@@ -30,6 +30,7 @@ from shoal.comm.buffer_pool import configure_process_pool
 from shoal.comm.connection import Connection
 from shoal.comm.heartbeat import keep_alive
 from shoal.comm.pool import ConnectionPool
+from shoal.comm.same_host import DataLeases
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect, listen, parse_address
 from shoal.comm.traffic import Traffic
@@ -181,6 +182,7 @@ class Worker(WorkerTransferMixin):
         self._http_sites: list[Any] = []
         self.traffic = Traffic()  # what its connections carried (shoal/comm/traffic.py)
         self.transfers = TransferTotals()  # dependency bytes fetched and served
+        self.leases = DataLeases()  # buffers lent to askers on this host (same_host)
         self.loop_latency = LoopLatency()
         # Spill files go here; removed on close (and by the nanny, should we die).
         self.local_directory = os.path.join(local_directory or tempfile.gettempdir(), self.id)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.comm.connection import CommClosedError, Connection
 from shoal.comm.pool import ConnectionPool
+from shoal.comm.same_host import DataLeases, fetch_data, reply_with_data
 from shoal.comm.tcp import HandshakeError, check_hello
 from shoal.core.worker.state import (
     GatherDep,
@@ -58,6 +59,7 @@ class WorkerTransferMixin:
     id: str
     state: WorkerState | None
     transfers: TransferTotals
+    leases: DataLeases
     shuffle: ShuffleService
     actors: ActorServer
     _peers: ConnectionPool
@@ -74,10 +76,7 @@ class WorkerTransferMixin:
         stimulus_id = f"gather-{next(self._stimulus)}"
         try:
             conn = await self._peers.get(inst.worker)
-            reply, buffers = await conn.request(
-                lambda rid: m.GetData(rid, list(inst.keys)), timeout=GATHER_TIMEOUT
-            )
-            assert isinstance(reply, m.DataReply)
+            reply, buffers = await fetch_data(conn, list(inst.keys), timeout=GATHER_TIMEOUT)
             with DESERIALISE_LOCK:  # on the loop: a task thread may be importing meanwhile
                 data, errors = loads_values(reply.keys, reply.payloads, buffers)
             nbytes = {key: sizeof(value) for key, value in data.items()}
@@ -137,6 +136,8 @@ class WorkerTransferMixin:
         for msg, bufs in message_buffers(frame):
             if type(msg) is m.GetData:
                 self._serve_data(conn, msg)
+            elif type(msg) is m.ReturnLease:
+                self.leases.answer(conn, msg)
             elif type(msg) is m.UpdateData:
                 self._receive_data(conn, msg, bufs)
             elif type(msg) is m.ShuffleData:
@@ -169,7 +170,8 @@ class WorkerTransferMixin:
             sent += ts.nbytes if ts is not None else 0
         if keys:
             self.transfers.sent(sent)
-        conn.send(m.DataReply(msg.request_id, keys, payloads, missing, failed), buffers)
+        reply = m.DataReply(msg.request_id, keys, payloads, missing, failed)
+        reply_with_data(conn, self.leases, msg, reply, buffers)
         if failed:  # the scheduler errs these tasks: no one can ever get their results
             self._report_unserializable(failed)
 

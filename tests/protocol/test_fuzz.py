@@ -45,10 +45,12 @@ def frame_bytes(messages: list[m.Message], buffers: list[bytes] = ()) -> bytes: 
 
 
 def with_buffers(messages: list[m.Message]) -> tuple[list[m.Message], list[bytes]]:
-    """``messages`` with as many buffers as their payloads claim (a valid frame)."""
+    """``messages`` with as many buffers as their payloads claim (a valid frame; a
+    DataReply with a lease claims none: they stay in the lender's memory)."""
     n = sum(
         p.nbuffers
         for msg in messages
+        if not getattr(msg, "lease", 0)
         for p in getattr(msg, "payloads", ())  # DataReply, UpdateData
     )
     return messages, [bytes([i % 256]) * (i % 7) for i in range(n)]

@@ -152,7 +152,7 @@ def test_the_kernel_sees_the_advice_and_memory_goes_back(as_bytes):
     n = 64 * MiB  # above glibc's largest mmap threshold: a mapping of its own
     gc.collect()
     before = _rss()
-    obj, view = framing._allocate(n, as_bytes)
+    obj, view = framing.allocate(n, as_bytes)
     base = id(obj) + framing._BYTES_DATA_OFFSET if as_bytes else _address(obj)
     middle = (base + n // 2) & ~(HUGE_PAGE - 1)
     assert "hg" in _vma_flags(middle)  # MADV_HUGEPAGE recorded on the mapping

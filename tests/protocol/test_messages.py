@@ -176,10 +176,19 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.MissingData: m.MissingData(
         key="t", missing=["u", ("v", 1)], stimulus_id="missing-1", tried=[["tcp://a:1"], []]
     ),
-    m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)]),
+    m.GetData: m.GetData(request_id=9, keys=["a", ("b", 1)], host="boot/1/2/0"),
     m.DataReply: m.DataReply(
-        request_id=9, keys=["a"], payloads=[PAYLOAD], missing=[("b", 1)], failed=[("c", "why")]
+        request_id=9,
+        keys=["a"],
+        payloads=[PAYLOAD],
+        missing=[("b", 1)],
+        failed=[("c", "why")],
+        lease=4,
+        lender=1234,
+        lent=[(4096, 10), (8192, 20)],
     ),
+    m.ReturnLease: m.ReturnLease(request_id=12, lease=3),
+    m.LeaseReturned: m.LeaseReturned(request_id=12, held=True),
     m.UpdateData: m.UpdateData(request_id=10, keys=["a", 1], payloads=[SMALL, PAYLOAD]),
     m.Ack: m.Ack(request_id=10, nbytes=[1, 2]),
     m.Heartbeat: m.Heartbeat(

@@ -61,17 +61,55 @@ class MissingData(Message):
 class GetData(Message):
     request_id: int
     keys: list[Key]
+    # The asker's host identity (shoal.comm.cross_memory.host_identity), "" if none: a
+    # holder with the same one may lend its buffers instead of sending them.
+    host: str = ""
 
 
 class DataReply(Message):
+    """The values asked for. Their out-of-band buffers follow in the frame, or, when
+    ``lease`` is set, stay in the memory of process ``lender`` on this host at
+    ``lent`` (address, nbytes; one per buffer, payload order), for the asker to copy
+    and then hand back with ``ReturnLease`` (shoal.comm.same_host)."""
+
     request_id: int
     keys: list[Key]
     payloads: list[Payload]
     missing: list[Key] = []
     failed: list[tuple[Key, str]] = []  # held, but could not be serialised: why
+    lease: int = 0
+    lender: int = 0
+    lent: list[tuple[int, int]] = []
 
     def __post_init__(self) -> None:
         check_parallel(self, "payloads", self.payloads, "payloads")
+        if self.lease:
+            claimed = sum(p.nbuffers for p in self.payloads)
+            if len(self.lent) != claimed:
+                raise ValueError(f"a lease of {len(self.lent)} buffers for payloads of {claimed}")
+            if self.lender <= 0:
+                raise ValueError(f"a lease from process {self.lender}")
+            for address, nbytes in self.lent:
+                if address < 0 or nbytes < 0:
+                    raise ValueError(f"a lent buffer at {address} of {nbytes} bytes")
+        elif self.lent:
+            raise ValueError("lent buffers without a lease")
+
+
+class ReturnLease(Message):
+    """The asker copied (or gave up on) the buffers of ``lease``: the holder may let
+    them go. Answered by ``LeaseReturned``."""
+
+    request_id: int
+    lease: int
+
+
+class LeaseReturned(Message):
+    """``held``: the lease was still held when returned, so every byte copied under it
+    was the value's (False: it had expired or was never made; discard the copy)."""
+
+    request_id: int
+    held: bool
 
 
 class UpdateData(Message):

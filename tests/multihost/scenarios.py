@@ -113,6 +113,33 @@ def retire(client: Client) -> None:
     report(outcome=outcome, values=client.gather(held), workers=hosts_of(client), b=on["b"])
 
 
+def big_array(seed: int) -> Any:
+    import numpy as np
+
+    return np.arange(1_000_000, dtype=np.float64) + seed  # 8 MB: worth lending on one host
+
+
+def array_sum(x: Any, y: Any) -> float:
+    return float(x.sum() + y.sum())
+
+
+def leases_made(dask_worker: Any) -> int:
+    return dask_worker.leases.made
+
+
+def large(client: Client) -> None:
+    """Large buffers between hosts: never lent (the hosts are apart), always right."""
+    on = {name: a for a, name in hosts_of(client).items()}
+    x = client.submit(big_array, 1, workers=[on["b"]], pure=False)
+    y = client.submit(big_array, 2, workers=[on["c"]], pure=False)
+    both = client.submit(array_sum, x, y, workers=[on["c"]], pure=False)  # B -> C
+    report(
+        total=both.result(),
+        gathered=float(x.result().sum()),  # B -> the client on A
+        leases=client.run(leases_made),
+    )
+
+
 def main() -> None:
     name, address = sys.argv[1], sys.argv[2]
     with Client(address, security=Security.from_env(), timeout=30) as client:

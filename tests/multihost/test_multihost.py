@@ -30,6 +30,16 @@ def test_quickstart_across_hosts(two_workers: Cluster) -> None:
     assert got["both"] == sum(range(200))
 
 
+def test_large_buffers_travel_by_network_between_hosts(two_workers: Cluster) -> None:
+    """Same-host transfers (shoal/comm/same_host.py) stay within a host: the hosts
+    here differ in network namespace, so nothing is lent and the data travels by TCP."""
+    got = two_workers.run_client("large")
+    n = 1_000_000
+    assert got["total"] == float(2 * sum(range(n)) + 3 * n)
+    assert got["gathered"] == float(sum(range(n)) + n)
+    assert list(got["leases"].values()) == [0, 0]
+
+
 def test_dataframe_shuffle_and_merge_equal_pandas(two_workers: Cluster) -> None:
     got = two_workers.run_client("dataframe", timeout=150)
     assert got["rows"] == got["want"]

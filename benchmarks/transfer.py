@@ -27,6 +27,12 @@ more. Each cell is the median of ``--repeat`` runs (each run makes a fresh paylo
 releases everything after; shoal's received arrays may land in memory recycled from
 the run before, see "First timed run"). Ratios are shoal/Dask for MB/s (> 1: shoal faster) and
 Dask/shoal for peak RSS (> 1: shoal leaner).
+
+All processes share one machine, so shoal's gathers and worker-to-worker transfers of
+1 MiB or more take its same-host path: the holder lends the buffers and the receiver
+copies them from its memory (``shoal/comm/same_host.py``). ``--socket-only`` turns
+that off for shoal's processes (``SHOAL_COMM__SAME_HOST_TRANSFERS=False``), to
+measure what crosses a network. Scatter always goes by socket.
 """
 
 from __future__ import annotations
@@ -415,6 +421,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="one system after the other (default: runs alternate between systems)",
     )
+    p.add_argument(
+        "--socket-only",
+        action="store_true",
+        help="shoal without its same-host path: every byte over loopback TCP",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per client call")
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per cluster start")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
@@ -431,6 +442,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.socket_only:  # inherited by the shoal processes started below (Dask ignores it)
+        os.environ["SHOAL_COMM__SAME_HOST_TRANSFERS"] = "False"
     command = shlex.join(["python", "benchmarks/transfer.py", *(argv or sys.argv[1:])])
     plan = [
         (op, kind, parse_size(size))

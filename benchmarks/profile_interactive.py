@@ -198,10 +198,27 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.allclose(a, b))
 
 
+def idle_cpu_rates(cluster: Cluster, seconds: float = 2.0) -> dict[str, float]:
+    """CPU seconds per second each side spends with nothing to do."""
+    _settle(0.5)
+    before, c0, w0 = cluster.cpu_snapshot(), time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    c1, w1 = time.process_time(), time.perf_counter()
+    after = cluster.cpu_snapshot()
+    wall = w1 - w0
+    return {
+        "client": (c1 - c0) / wall,
+        "scheduler": cpu_delta(before[0], after[0])[0] / wall,
+        "workers": cpu_delta(before[1], after[1])[0] / wall,
+    }
+
+
 def run_cells(
     cluster: Cluster, cells: dict[str, Callable[[], Any]], repeats: int, settle: float
-) -> list[CellResult]:
+) -> tuple[list[CellResult], dict[str, float]]:
+    """Each cell's timings, and the idle CPU rates taken off its CPU figures."""
     client = cluster.client
+    background = idle_cpu_rates(cluster)
     results = []
     for name, make in cells.items():
         res = CellResult(name)
@@ -220,14 +237,22 @@ def run_cells(
                     value, dt = _timed(lambda c=coll: c.compute(scheduler="sync"))
                     res.sync.append(dt)
                 elif what == "shoal":
-                    before, c0 = cluster.cpu_snapshot(), time.process_time()
+                    before, c0, w0 = (
+                        cluster.cpu_snapshot(),
+                        time.process_time(),
+                        time.perf_counter(),
+                    )
                     value, dt = _timed(lambda c=coll: client.compute(c, sync=True))
                     res.shoal.append(dt)
                     _settle(settle)
-                    after, c1 = cluster.cpu_snapshot(), time.process_time()
-                    res.cpu["client"].append(c1 - c0)
-                    res.cpu["scheduler"].append(cpu_delta(before[0], after[0])[0])
-                    res.cpu["workers"].append(cpu_delta(before[1], after[1])[0])
+                    c1, w1 = time.process_time(), time.perf_counter()
+                    after = cluster.cpu_snapshot()
+                    # less what the processes spend anyway (heartbeats, monitors)
+                    window = w1 - w0
+                    res.cpu["client"].append(c1 - c0 - background["client"] * window)
+                    for i, name in enumerate(("scheduler", "workers")):
+                        spent = cpu_delta(before[i], after[i])[0]
+                        res.cpu[name].append(spent - background[name] * window)
                 else:
                     value, times, res.tasks = phased_compute(client, coll)
                     for phase, seconds in times.items():
@@ -238,7 +263,7 @@ def run_cells(
                 _settle(settle)
         results.append(res)
         print(f"{name}: done", file=sys.stderr)
-    return results
+    return results, background
 
 
 def median_ms(xs: list[float]) -> float:
@@ -259,7 +284,8 @@ def table(results: list[CellResult]) -> str:
 
 
 def cpu_table(results: list[CellResult]) -> str:
-    """CPU ms per real compute in each process (medians), against the sync run's wall."""
+    """CPU ms per real compute in each process (medians, less their idle rate), against
+    the sync run's wall time."""
     head = ["cell", "sync ms", "client CPU ms", "scheduler CPU ms", "workers CPU ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -454,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                     n += 1
             print(f"{n} computes in {args.loop:g} s", file=sys.stderr)
             return 0
-        results = run_cells(cluster, cells, args.repeats, args.settle)
+        results, background = run_cells(cluster, cells, args.repeats, args.settle)
     finally:
         with contextlib.suppress(Exception):
             cluster.stop()
@@ -462,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print()
     print(cpu_table(results))
+    idle = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in background.items())
+    print(f"\nIdle CPU taken off (ms per s): {idle}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))

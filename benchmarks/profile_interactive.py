@@ -250,9 +250,9 @@ def run_cells(
                     # less what the processes spend anyway (heartbeats, monitors)
                     window = w1 - w0
                     res.cpu["client"].append(c1 - c0 - background["client"] * window)
-                    for i, name in enumerate(("scheduler", "workers")):
+                    for i, side in enumerate(("scheduler", "workers")):
                         spent = cpu_delta(before[i], after[i])[0]
-                        res.cpu[name].append(spent - background[name] * window)
+                        res.cpu[side].append(spent - background[side] * window)
                 else:
                     value, times, res.tasks = phased_compute(client, coll)
                     for phase, seconds in times.items():
@@ -292,6 +292,60 @@ def cpu_table(results: list[CellResult]) -> str:
         row = [r.name, f"{median_ms(r.sync):.1f}"]
         row += [f"{median_ms(r.cpu[p]):.1f}" for p in ("client", "scheduler", "workers")]
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- A/B
+
+
+def experiments(client: Any, rows: int) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Pairs (as it is, without one cost) that bound what a fix of section 3 of
+    PROFILE-interactive.md could save, measured end to end without changing shoal."""
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame({"a": rng.integers(0, 100, rows), "b": rng.random(rows)})
+    df = dd.from_pandas(pdf, npartitions=4)
+    import shoal
+
+    held = client.persist(df)  # the partitions already on the workers
+    shoal.wait(client.futures_of(held))
+    return {
+        # a float64 result is fetched (WhoHas + GetData); a float rides with KeyInMemory
+        "result np.float64 vs float": (
+            lambda: client.submit(np.float64, 1.5, pure=False).result(),
+            lambda: client.submit(float, 1.5, pure=False).result(),
+        ),
+        # the frame's partitions travel in the graph vs already held by the workers
+        "df.b.sum(): data in graph vs persisted": (
+            lambda: client.compute(df.b.sum(), sync=True),
+            lambda: client.compute(held.b.sum(), sync=True),
+        ),
+        # the graph as dask.compute makes it (13 tasks) vs fused first (9 tasks)
+        "df.b.sum(): unfused vs fused": (
+            lambda: client.compute(df.b.sum(), sync=True),
+            lambda: client.compute(df.b.sum().optimize(), sync=True),
+        ),
+    }
+
+
+def run_experiments(client: Any, rows: int, repeats: int, settle: float) -> str:
+    head = ["pair", "as it is ms", "without the cost ms", "difference ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, (base, lean) in experiments(client, rows).items():
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for i in range(repeats + 2):
+            pair = ((0, base), (1, lean)) if i % 2 == 0 else ((1, lean), (0, base))
+            for which, fn in pair:
+                gc.collect()
+                _, dt = _timed(fn)
+                if i >= 2:  # the first two rounds warm up
+                    times[which].append(dt)
+                _settle(settle)
+        a, b = median_ms(times[0]), median_ms(times[1])
+        lines.append(f"| {name} | {a:.2f} | {b:.2f} | {a - b:.2f} |")
     return "\n".join(lines)
 
 
@@ -453,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only run phased computes of the cells for this many seconds",
     )
     parser.add_argument("--json", type=Path, default=None, help="write raw timings here")
+    parser.add_argument(
+        "--experiments", action="store_true", help="also run the A/B pairs (same repeats)"
+    )
     args = parser.parse_args(argv)
 
     all_cells = make_cells(args.rows)
@@ -481,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} computes in {args.loop:g} s", file=sys.stderr)
             return 0
         results, background = run_cells(cluster, cells, args.repeats, args.settle)
+        ab = (
+            run_experiments(cluster.client, args.rows, args.repeats, args.settle)
+            if args.experiments
+            else ""
+        )
     finally:
         with contextlib.suppress(Exception):
             cluster.stop()
@@ -490,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     print(cpu_table(results))
     idle = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in background.items())
     print(f"\nIdle CPU taken off (ms per s): {idle}")
+    if ab:
+        print(f"\nA/B, median of {args.repeats}, alternating:\n")
+        print(ab)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))

@@ -72,10 +72,12 @@ def test_profile_interactive_tiny(tmp_path: Path) -> None:
             "--json", str(raw),
             "--trace", str(trace),
             "--trace-repeats", "1",
+            "--experiments",
         ],
         timeout=200,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "delayed: done" in proc.stderr and "sum: done" in proc.stderr  # progress, by cell
     out = proc.stdout
 
     phases = _rows(out, "| cell | tasks |")
@@ -98,6 +100,16 @@ def test_profile_interactive_tiny(tmp_path: Path) -> None:
     client_ms, scheduler_ms, workers_ms = map(float, cpu["sum"][1:4])
     assert 0 < client_ms < 1_000 and 0 < scheduler_ms < 1_000 and 0 < workers_ms < 1_000
     assert re.search(r"Idle CPU taken off \(ms per s\): client [\d.]+, scheduler", out)
+
+    pairs = _rows(out, "| pair |")
+    assert set(pairs) == {
+        "result np.float64 vs float",
+        "df.b.sum(): data in graph vs persisted",
+        "df.b.sum(): unfused vs fused",
+    }
+    for base_ms, lean_ms, difference_ms in ([float(x) for x in row] for row in pairs.values()):
+        assert 0 < base_ms < 5_000 and 0 < lean_ms < 5_000
+        assert difference_ms == pytest.approx(base_ms - lean_ms, abs=0.011)
 
     saved = json.loads(raw.read_text())
     assert [r["name"] for r in saved] == ["delayed", "sum"]

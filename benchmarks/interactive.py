@@ -22,10 +22,10 @@ result fails that cell, loudly, and runs no more of it.
 Data (made once in this process from seed 0, so the frames and arrays travel inside
 every graph, as in a notebook that built them locally):
 
-* ``df``: 2,000,000 rows, ``a`` int64 uniform in [0, 100), ``b`` float64 in [0, 1);
+* ``df``: 1,000,000 rows, ``a`` int64 uniform in [0, 100), ``b`` float64 in [0, 1);
   ``dd.from_pandas(pdf, npartitions=4)``.
 * ``small``: 100 rows, ``a`` = 0..99 and three float64 columns, one partition.
-* ``frame100``: 1,000,000 rows like ``df`` plus a float64 ``c``, 100 partitions.
+* ``frame100``: 500,000 rows like ``df`` plus a float64 ``c``, 100 partitions.
 * arrays: ``da.ones((1000, 1000), chunks=250)``; ``x``: ``default_rng(0).random((2000,
   2000), chunks=100)`` (400 chunks); ``tall``: ``random((2000, 100), chunks=(200, 100))``.
 
@@ -71,8 +71,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-interactive.md"
 ALL_SYSTEMS = ("sync", "shoal", "dask")
 BAR_VS_SYNC = 1.5  # shoal's median at most this times the sync scheduler's
 BAR_VS_DASK = 2.0  # Dask's median at least this times shoal's
-ROWS = 2_000_000
-FRAME100_ROWS = 1_000_000
+ROWS = 1_000_000
+FRAME100_ROWS = 500_000
 
 
 def log(msg: str) -> None:

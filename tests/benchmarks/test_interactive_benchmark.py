@@ -65,14 +65,24 @@ def test_mismatch_accepts_equal_results_and_names_every_difference():
     assert mismatch(np.float64(0.1 + 0.2), np.float64(0.1 + 0.2)) is None
     assert mismatch(np.array([1.0, np.nan]), np.array([1.0, np.nan])) is None
     assert mismatch(6, 6) is None
-
+    # A last-bit difference (summation order) is the same result...
+    ulp = frame.copy()
+    ulp.loc[1, "b"] = np.nextafter(1.5, 2.0)
+    assert mismatch(ulp, frame) is None
+    assert mismatch(np.nextafter(np.float64(3.0), 4.0), np.float64(3.0)) is None
+    # ...one row's worth in a million is not.
     changed = frame.copy()
-    changed.loc[1, "b"] += 1e-12  # exact: no tolerance hides a wrong value
+    changed.loc[1, "b"] *= 1 + 1e-6
     assert "b" in (mismatch(changed, frame) or "")
+    assert "1.0000" in (mismatch(np.float64(1.000001), np.float64(1.0)) or "")
+    ints = frame.copy()
+    ints.loc[1, "a"] = 3
+    assert "a" in (mismatch(ints, frame) or "")
     assert "index" in (mismatch(frame.b.set_axis([5, 6]), frame.b) or "").lower()
     assert "expected a DataFrame" in (mismatch(frame.b, frame) or "")
     assert "float32" in (mismatch(np.float32(1.0), np.float64(1.0)) or "")
-    assert "1 positions" in (mismatch(np.array([1.0, 2.0]), np.array([1.0, 3.0])) or "")
+    assert "1 positions" in (mismatch(np.array([1.0, 2.0]), np.array([1.0, 2.01])) or "")
+    assert "1 positions" in (mismatch(np.array([1, 2]), np.array([1, 3])) or "")
     assert "(3,)" in (mismatch(np.ones(3), np.ones(2)) or "")
     assert mismatch(7, 6) == "7, expected 6"
 

@@ -10,8 +10,12 @@ with one thread each (``benchmarks.cluster.Cluster``; Dask ``--no-nanny
 --no-dashboard``), all on 127.0.0.1; both clusters are up for the whole run. Each cell
 builds its collection once (untimed); what is timed is one ``collection.compute()``,
 that is dask's optimisation, graph submission, the cluster running the graph and the
-result coming back (``compute(scheduler=client)`` on a cluster, run in the cluster's
-client thread and timed there). Per cell: one untimed warm-up per system, then
+result coming back. On a cluster it runs in the cluster's client thread (timed there)
+under ``dask.config.set(scheduler=client.get)``: that client is Dask's default
+scheduler, as in a notebook with it alone, so shuffles are that system's P2P. The sync
+scheduler runs under ``dataframe.shuffle.method="disk"``, dask's choice when no
+distributed client exists (``value_counts`` is a shuffle: its rows are compared sorted
+by index, their order being the shuffle's). Per cell: one untimed warm-up per system, then
 ``--repeat`` timed computes per system, alternating the systems compute by compute
 (the first system of a round rotates), with ``--pause`` seconds after each so one
 system's clean-up does not fall into the next one's time. Every result, warm-up
@@ -38,6 +42,8 @@ Sizes: on the 2-core development machine (idle) the sync scheduler took about 45
 against 0.9) are fixed by the issue or cost mostly dask's own overhead, not data: they
 stay at this machine's figures (the issue's machine ran dask's overhead about 2x slower).
 
+"tasks" is the size of dask's optimised graph for the sync scheduler.
+
 Bar (issue 16): every cell's shoal median at most 1.5x the sync scheduler's, and Dask's
 at least 2x shoal's.
 """
@@ -45,6 +51,7 @@ at least 2x shoal's.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import shlex
 import statistics
@@ -114,6 +121,8 @@ class CellSpec:
     name: str
     code: str  # what a notebook cell would say
     build: Callable[[Data], Any]  # the collection to compute
+    # The result's row order is not part of it (a shuffle's output): compared sorted.
+    unordered: bool = False
 
 
 CELLS: dict[str, CellSpec] = {
@@ -134,7 +143,9 @@ CELLS: dict[str, CellSpec] = {
             "x.mean(axis=0)",
             lambda d: da.random.default_rng(0).random((2000, 2000), chunks=100).mean(axis=0),
         ),
-        CellSpec("value_counts", "df.a.value_counts()", lambda d: d.df.a.value_counts()),
+        CellSpec(
+            "value_counts", "df.a.value_counts()", lambda d: d.df.a.value_counts(), unordered=True
+        ),
         CellSpec("matmul", "tall.T @ tall", lambda d: _gram(_tall())),
     ]
 }
@@ -153,8 +164,9 @@ def task_count(collection: Any) -> int:
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
 
-    expr = FinalizeCompute(collections_to_expr([collection], True)).optimize()
-    return len(expr.__dask_graph__())
+    with dask.config.set(SYNC_CONFIG):
+        expr = FinalizeCompute(collections_to_expr([collection], True)).optimize()
+        return len(expr.__dask_graph__())
 
 
 # Floating point results are compared to this relative tolerance, not bit for bit: the
@@ -218,8 +230,14 @@ class Cell:
         return ordered[math.ceil(0.9 * len(ordered)) - 1] * 1e3
 
 
+# The sync scheduler with the shuffle method dask picks when no distributed client exists.
+# In this process Dask's client exists, so dask would pick "p2p", which needs Dask's
+# workers; Dask and shoal keep their own defaults (P2P, each its own).
+SYNC_CONFIG = {"scheduler": "sync", "dataframe.shuffle.method": "disk"}
+
+
 def sync_compute(collection: Any) -> tuple[Any, float]:
-    with dask.config.set(scheduler="sync"):
+    with dask.config.set(SYNC_CONFIG):
         t0 = time.perf_counter()
         result = collection.compute()
         return result, time.perf_counter() - t0
@@ -239,9 +257,14 @@ class Runner:
         client = cluster.client
 
         def timed() -> tuple[Any, float]:
-            t0 = time.perf_counter()
-            result = collection.compute(scheduler=client)
-            return result, time.perf_counter() - t0
+            # The client as Dask's default scheduler, as in a notebook with it alone: dask
+            # then lowers shuffles to that system's P2P. (``compute(scheduler=client)``
+            # would not do for shoal: dask optimises before it calls ``client.get``,
+            # and with Dask's client the process default, picks Dask's P2P.)
+            with dask.config.set(scheduler=client.get):
+                t0 = time.perf_counter()
+                result = collection.compute()
+                return result, time.perf_counter() - t0
 
         return cluster.call(timed, self.timeout)
 
@@ -272,12 +295,20 @@ def run_cells(
             collection = spec.build(data)
             tasks[n] = task_count(collection)
             log(f"   {n}: {spec.code} ({tasks[n]} tasks)")
-            expected, _ = sync_compute(collection)  # the reference every result must equal
-            active = [s for s in live if _one(runner, cells[(s, n)], collection, expected, live)]
+            try:  # the reference every result must equal
+                expected = _canonical(spec, sync_compute(collection)[0])
+            except Exception as e:
+                log(f"!! sync {n} (the reference): {type(e).__name__}: {e}")
+                log(traceback.format_exc())
+                for s in systems:
+                    cells[(s, n)].error = f"no reference, sync failed: {type(e).__name__}: {e}"
+                continue
+            check = functools.partial(_one, runner, spec=spec, collection=collection, live=live)
+            active = [s for s in live if check(cells[(s, n)], expected)]
             for r in range(args.repeat if active else 0):
                 for s in active[r % len(active) :] + active[: r % len(active)]:
                     if cells[(s, n)].error is None:
-                        _one(runner, cells[(s, n)], collection, expected, live, timed=True)
+                        check(cells[(s, n)], expected, timed=True)
                     time.sleep(args.pause)
             for s in systems:
                 c = cells[(s, n)]
@@ -289,8 +320,19 @@ def run_cells(
     return list(cells.values()), tasks
 
 
+def _canonical(spec: CellSpec, result: Any) -> Any:
+    return result.sort_index() if spec.unordered else result
+
+
 def _one(
-    runner: Runner, cell: Cell, collection: Any, expected: Any, live: list[str], timed: bool = False
+    runner: Runner,
+    cell: Cell,
+    expected: Any,
+    *,
+    spec: CellSpec,
+    collection: Any,
+    live: list[str],
+    timed: bool = False,
 ) -> bool:
     """One compute (the warm-up unless ``timed``); False if the cell failed on it."""
     try:
@@ -302,7 +344,7 @@ def _one(
         if isinstance(e, ClusterError) or "Timeout" in type(e).__name__:
             live.remove(cell.system)  # that system runs no further cell
         return False
-    why = mismatch(result, expected)
+    why = mismatch(_canonical(spec, result), expected)
     if why is not None:
         cell.error, cell.wrong = f"WRONG RESULT: {why}", True
         log(f"!! {cell.system} {cell.name}: wrong result: {why}")

@@ -42,7 +42,9 @@ Sizes: on the 2-core development machine (idle) the sync scheduler took about 45
 against 0.9) are fixed by the issue or cost mostly dask's own overhead, not data: they
 stay at this machine's figures (the issue's machine ran dask's overhead about 2x slower).
 
-"tasks" is the size of dask's optimised graph for the sync scheduler.
+"tasks" is the size of dask's optimised graph for the sync scheduler; "dask graph ms"
+(in the Cells table) the median time dask takes to optimise and materialise it, a part
+of every system's compute that no scheduler can save.
 
 Bar (issue 16): every cell's shoal median at most 1.5x the sync scheduler's, and Dask's
 at least 2x shoal's.
@@ -159,14 +161,26 @@ def _gram(x: Any) -> Any:
     return x.T @ x
 
 
-def task_count(collection: Any) -> int:
-    """Tasks in the graph ``compute`` sends: dask's optimised graph with its finalize task."""
+@dataclass(frozen=True)
+class Graph:
+    tasks: int  # in dask's optimised graph for the sync scheduler, finalize task included
+    build_ms: float  # median time dask takes to optimise and materialise it (in this process)
+
+
+def graph_of(collection: Any, repeat: int = 5) -> Graph:
+    """The graph ``compute`` hands to a scheduler, and dask's own time to make it: the
+    share of every system's compute spent before any scheduler sees a task."""
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
 
+    times = []
     with dask.config.set(SYNC_CONFIG):
-        expr = FinalizeCompute(collections_to_expr([collection], True)).optimize()
-        return len(expr.__dask_graph__())
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            expr = FinalizeCompute(collections_to_expr([collection], True)).optimize()
+            graph = expr.__dask_graph__()
+            times.append(time.perf_counter() - t0)
+    return Graph(len(graph), statistics.median(times) * 1e3)
 
 
 # Floating point results are compared to this relative tolerance, not bit for bit: the
@@ -274,7 +288,7 @@ def run_cells(
 ) -> tuple[list[Cell], dict[str, int]]:
     """Every cell on every live system, computes alternating between systems."""
     cells = {(s, n): Cell(s, n) for n in names for s in systems}
-    tasks: dict[str, int] = {}
+    graphs: dict[str, Graph] = {}
     clusters: dict[str, Cluster] = {}
     live = list(systems)
     try:
@@ -293,8 +307,8 @@ def run_cells(
         for n in names:
             spec = CELLS[n]
             collection = spec.build(data)
-            tasks[n] = task_count(collection)
-            log(f"   {n}: {spec.code} ({tasks[n]} tasks)")
+            graphs[n] = graph_of(collection)
+            log(f"   {n}: {spec.code} ({graphs[n].tasks} tasks, {graphs[n].build_ms:.1f} ms)")
             try:  # the reference every result must equal
                 expected = _canonical(spec, sync_compute(collection)[0])
             except Exception as e:
@@ -317,7 +331,7 @@ def run_cells(
     finally:
         for cluster in clusters.values():
             cluster.stop()
-    return list(cells.values()), tasks
+    return list(cells.values()), graphs
 
 
 def _canonical(spec: CellSpec, result: Any) -> Any:
@@ -380,7 +394,7 @@ def bar(sync_ms: float | None, shoal_ms: float | None, dask_ms: float | None) ->
 
 
 def render(
-    cells: list[Cell], tasks: dict[str, int], systems: list[str], command: str, settings: str
+    cells: list[Cell], graphs: dict[str, Graph], systems: list[str], command: str, settings: str
 ) -> tuple[str, str]:
     by = {(c.system, c.name): c for c in cells}
     names = list(dict.fromkeys(c.name for c in cells))
@@ -398,7 +412,7 @@ def render(
     rows, errors = [], []
     n_met = 0
     for n in names:
-        row = [n, str(tasks.get(n, "—"))]
+        row = [n, str(graphs[n].tasks) if n in graphs else "—"]
         med: dict[str, float | None] = {}
         for s in systems:
             c = by[(s, n)]
@@ -435,8 +449,23 @@ def render(
             '"p90" the nearest-rank 90th percentile; "equal": every result of every '
             "system equalled the sync scheduler's.",
         ]
-    cell_rows = [[n, f"`{CELLS[n].code}`", str(tasks.get(n, "—"))] for n in names]
-    tables += ["", "## Cells", "", *_table(["cell", "code", "tasks"], cell_rows)]
+    cell_rows = [
+        [
+            n,
+            f"`{CELLS[n].code}`",
+            *([str(graphs[n].tasks), _ms(graphs[n].build_ms)] if n in graphs else ["—", "—"]),
+        ]
+        for n in names
+    ]
+    tables += [
+        "",
+        "## Cells",
+        "",
+        "\"dask graph ms\": dask's own optimisation and materialisation of the cell's graph "
+        "(median of 5, in the benchmark process): part of every system's compute.",
+        "",
+        *_table(["cell", "code", "tasks", "dask graph ms"], cell_rows),
+    ]
     if errors:
         tables += ["", "## Failures", "", *errors]
     doc = [
@@ -503,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = load_average()
     t0 = time.monotonic()
     log(f"== interactive on {', '.join(systems)}, computes alternating")
-    cells, tasks = run_cells(systems, args.only, data, args)
+    cells, graphs = run_cells(systems, args.only, data, args)
     load1 = load_average()
     settings = (
         f"1 warm-up + {args.repeat} timed computes per cell and system, systems "
@@ -513,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         f"time {time.monotonic() - t0:.0f} s; load average (1/5/15 min) {load0} at "
         f"start, {load1} at end"
     )
-    doc, tables = render(cells, tasks, systems, command, settings)
+    doc, tables = render(cells, graphs, systems, command, settings)
     print(tables)
     write_report(args.out, doc, log)
     return 1 if any(c.error for c in cells) else 0

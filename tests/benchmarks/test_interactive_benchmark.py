@@ -137,5 +137,9 @@ def test_interactive_tiny(tmp_path):
         )
         assert got["bar"] == "met" or got["bar"].startswith("MISSED ("), row
     assert "Bar met in" in report and "## Failures" not in report
-    _, cell_rows = table(report, "Cells")
+    cell_header, cell_rows = table(report, "Cells")
+    assert cell_header == ["cell", "code", "tasks", "dask graph ms"]
     assert [r[0] for r in cell_rows] == cells
+    for name, row in zip(cells, cell_rows, strict=True):
+        assert row[2] == dict(zip(header, rows[cells.index(name)], strict=True))["tasks"]
+        assert 0 < float(row[3]) < 10_000, row

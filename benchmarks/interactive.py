@@ -36,11 +36,13 @@ every graph, as in a notebook that built them locally):
 
 ``--quick`` divides the frames' rows by 10 and runs 5 timed computes per cell.
 
-Sizes: on the 2-core development machine (idle) the sync scheduler took about 45 ms for
-``groupby_mean`` and 70 ms for ``merge``, near the issue's 43.2 and 88.9 ms. ``sum`` (about
-8 ms against the issue's 17.7), ``array_sum`` (4 against 10.4) and ``delayed_sum`` (0.5
-against 0.9) are fixed by the issue or cost mostly dask's own overhead, not data: they
-stay at this machine's figures (the issue's machine ran dask's overhead about 2x slower).
+Sizes: the issue's sync times are 17.7 (``sum``), 43.2 (``groupby_mean``), 88.9
+(``merge``), 10.4 (``array_sum``) and 0.9 ms (``delayed_sum``). The last two are fixed by
+the issue; ``sum`` costs mostly dask's own overhead, not data. The frame sizes were
+chosen on the shared 2-core machine, where the same sync compute moved by 2-3x with the
+other engineers' load (``groupby_mean`` on this ``df``: 36 to 106 ms): while tuning, the
+sync scheduler took 8-25 ms for ``sum``, 36-75 ms for ``groupby_mean`` and 46-92 ms for
+``merge``. The report's settings line gives the load average of its run.
 
 "tasks" is the size of dask's optimised graph for the sync scheduler; "dask graph ms"
 (in the Cells table) the median time dask takes to optimise and materialise it, a part

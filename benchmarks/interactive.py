@@ -27,7 +27,7 @@ runs no more of it.
 Data (made once in this process from seed 0, so the frames and arrays travel inside
 every graph, as in a notebook that built them locally):
 
-* ``df``: 1,000,000 rows, ``a`` int64 uniform in [0, 100), ``b`` float64 in [0, 1);
+* ``df``: 2,000,000 rows, ``a`` int64 uniform in [0, 100), ``b`` float64 in [0, 1);
   ``dd.from_pandas(pdf, npartitions=4)``.
 * ``small``: 100 rows, ``a`` = 0..99 and three float64 columns, one partition.
 * ``frame100``: 500,000 rows like ``df`` plus a float64 ``c``, 100 partitions.
@@ -40,9 +40,9 @@ Sizes: the issue's sync times are 17.7 (``sum``), 43.2 (``groupby_mean``), 88.9
 (``merge``), 10.4 (``array_sum``) and 0.9 ms (``delayed_sum``). The last two are fixed by
 the issue; ``sum`` costs mostly dask's own overhead, not data. The frame sizes were
 chosen on the shared 2-core machine, where the same sync compute moved by 2-3x with the
-other engineers' load (``groupby_mean`` on this ``df``: 36 to 106 ms): while tuning, the
-sync scheduler took 8-25 ms for ``sum``, 36-75 ms for ``groupby_mean`` and 46-92 ms for
-``merge``. The report's settings line gives the load average of its run.
+other engineers' load. At load average 1, with 1,000,000 rows, the sync scheduler took
+7.6 ms for ``sum``, 29 for ``groupby_mean`` and 31 for ``merge`` (the issue's machine was
+slower: ``array_sum`` 4.2 ms here against 10.4), hence 2,000,000 rows. The report's settings line gives the load average of its run.
 
 "tasks" is the size of dask's optimised graph for the sync scheduler; "dask graph ms"
 (in the Cells table) the median time dask takes to optimise and materialise it, a part
@@ -84,7 +84,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-interactive.md"
 ALL_SYSTEMS = ("sync", "shoal", "dask")
 BAR_VS_SYNC = 1.5  # shoal's median at most this times the sync scheduler's
 BAR_VS_DASK = 2.0  # Dask's median at least this times shoal's
-ROWS = 1_000_000
+ROWS = 2_000_000
 FRAME100_ROWS = 500_000
 
 

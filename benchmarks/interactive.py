@@ -42,7 +42,8 @@ the issue; ``sum`` costs mostly dask's own overhead, not data. The frame sizes w
 chosen on the shared 2-core machine, where the same sync compute moved by 2-3x with the
 other engineers' load. At load average 1, with 1,000,000 rows, the sync scheduler took
 7.6 ms for ``sum``, 29 for ``groupby_mean`` and 31 for ``merge`` (the issue's machine was
-slower: ``array_sum`` 4.2 ms here against 10.4), hence 2,000,000 rows. The report's settings line gives the load average of its run.
+slower: ``array_sum`` 4.2 ms here against 10.4), hence 2,000,000 rows. The report's
+settings line gives the load average of its run.
 
 "tasks" is the size of dask's optimised graph for the sync scheduler; "dask graph ms"
 (in the Cells table) the median time dask takes to optimise and materialise it, a part

@@ -49,8 +49,8 @@ scheduler does the materialising and ordering, inside its "submit s".
 Dask runs up to the largest size it finishes within ``--dask-limit`` seconds: a size
 where it fails or times out skips every larger size for Dask (reported as skipped), as
 does ``--dask-max-size`` for the sizes above it.
-Every client call has a timeout (``--timeout``, default 120 s + 1.2 ms per task), so
-nothing hangs.
+Every shoal run has a timeout (``--timeout``, default 120 s + 1.2 ms per task), every
+Dask run ``--dask-limit``, so nothing hangs. The report is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,10 +365,14 @@ def one_run(system: str, mode: str, size: int, k: int, timeout: float, startup: 
     return run
 
 
-def run_all(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
+def run_all(
+    args: argparse.Namespace, after_each: Callable[[list[Run], dict[str, str]], None]
+) -> tuple[list[Run], dict[str, str]]:
     """Every size (ascending), mode and system, the systems alternating; Dask stops at
     the first size it fails or cannot finish within ``--dask-limit``. Returns the runs
-    and, per system, why it skipped the larger sizes."""
+    and, per system, why it skipped the larger sizes; ``after_each`` sees them after
+    every run (the report is rewritten, so a long run that is stopped keeps its
+    results)."""
     runs: list[Run] = []
     stopped: dict[str, str] = {}
     k = 0
@@ -385,13 +390,12 @@ def run_all(args: argparse.Namespace) -> tuple[list[Run], dict[str, str]]:
                         continue
                     k += 1
                     limit = args.dask_limit if system == "dask" else None
-                    timeout = args.timeout or default_timeout(size)
-                    if limit is not None:
-                        timeout = min(timeout, limit)
+                    timeout = limit or args.timeout or default_timeout(size)
                     log(f"== {system} {mode} {size_label(size)} (run {r + 1}/{args.repeat})")
                     run = one_run(system, mode, size, k, timeout, args.startup_timeout)
                     runs.append(run)
                     log(f"   {summary_line(run)}")
+                    after_each(runs, stopped)
                     if limit is not None and not run.ok:
                         stopped[system] = (
                             f"failed or exceeded --dask-limit {limit:g} s at "
@@ -744,18 +748,23 @@ def main(argv: list[str] | None = None) -> int:
     args.systems = available
     load0 = load_average()
     t0 = time.monotonic()
-    runs, stopped = run_all(args)
-    load1 = load_average()
-    settings = (
-        f"sizes {', '.join(size_label(s) for s in args.sizes)}; modes {', '.join(args.modes)}; "
-        f"{args.repeat} run(s) per size, mode and system, systems {', '.join(args.systems)} "
-        f"alternating; --dask-limit {args.dask_limit:g} s; total time "
-        f"{time.monotonic() - t0:.0f} s; load average (1/5/15 min) {load0} at start, "
-        f"{load1} at end"
-    )
-    doc, tables = render(runs, stopped, args, command, settings)
-    print(tables)
-    write_report(args.out, doc, log)
+
+    def report(runs: list[Run], stopped: dict[str, str], final: bool = False) -> str:
+        dask_sizes = f"; --dask-max-size {args.dask_max_size:,}" if args.dask_max_size else ""
+        settings = (
+            f"sizes {', '.join(size_label(s) for s in args.sizes)}; modes "
+            f"{', '.join(args.modes)}; {args.repeat} run(s) per size, mode and system, "
+            f"systems {', '.join(args.systems)} alternating; --dask-limit "
+            f"{args.dask_limit:g} s{dask_sizes}; total time {time.monotonic() - t0:.0f} s"
+            f"{'' if final else ' so far (still running)'}; load average (1/5/15 min) "
+            f"{load0} at start, {load_average()} at {'end' if final else 'last write'}"
+        )
+        doc, tables = render(runs, stopped, args, command, settings)
+        write_report(args.out, doc, lambda msg: None if not final else log(msg))
+        return tables
+
+    runs, stopped = run_all(args, report)
+    print(report(runs, stopped, final=True))
     return 1 if any(not r.ok for r in runs) else 0
 
 

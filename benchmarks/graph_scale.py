@@ -341,10 +341,15 @@ def run_workers(cluster: Cluster, run: Run, k: int, timeout: float) -> Any:
     return fut
 
 
-def one_run(system: str, mode: str, size: int, k: int, timeout: float, startup: float) -> Run:
+def one_run(
+    system: str, mode: str, size: int, k: int, timeout: float, args: argparse.Namespace
+) -> Run:
     run = Run(system, mode, size)
     n_workers = 0 if mode == "zero" else 2
-    cluster = Cluster(SYSTEMS[system], n_workers=n_workers, timeout=startup)
+    logdir = Path(args.logdir) if args.logdir else None
+    cluster = Cluster(
+        SYSTEMS[system], n_workers=n_workers, timeout=args.startup_timeout, logdir=logdir
+    )
     keep_logs = False
     try:
         cluster.start()
@@ -366,7 +371,7 @@ def one_run(system: str, mode: str, size: int, k: int, timeout: float, startup: 
 
 
 def run_all(
-    args: argparse.Namespace, after_each: Callable[[list[Run], dict[str, str]], None]
+    args: argparse.Namespace, after_each: Callable[[list[Run], dict[str, str]], object]
 ) -> tuple[list[Run], dict[str, str]]:
     """Every size (ascending), mode and system, the systems alternating; Dask stops at
     the first size it fails or cannot finish within ``--dask-limit``. Returns the runs
@@ -392,7 +397,7 @@ def run_all(
                     limit = args.dask_limit if system == "dask" else None
                     timeout = limit or args.timeout or default_timeout(size)
                     log(f"== {system} {mode} {size_label(size)} (run {r + 1}/{args.repeat})")
-                    run = one_run(system, mode, size, k, timeout, args.startup_timeout)
+                    run = one_run(system, mode, size, k, timeout, args)
                     runs.append(run)
                     log(f"   {summary_line(run)}")
                     after_each(runs, stopped)
@@ -713,6 +718,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per cluster start")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
+    p.add_argument(
+        "--logdir", default="", help="where clusters keep their logs (default: the temp dir)"
+    )
     args = p.parse_args(argv)
     try:
         args.sizes = sorted({parse_count(s) for s in args.sizes.split(",") if s.strip()})
@@ -763,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(args.out, doc, lambda msg: None if not final else log(msg))
         return tables
 
-    runs, stopped = run_all(args, report)
+    runs, stopped = run_all(args, lambda runs, stopped: report(runs, stopped))
     print(report(runs, stopped, final=True))
     return 1 if any(not r.ok for r in runs) else 0
 

@@ -60,7 +60,7 @@ def test_graph_has_about_the_size_in_tasks():
 @pytest.mark.timeout(300)
 def test_tiny_run_reports_both_systems_and_modes(tmp_path):
     out = tmp_path / "report.md"
-    code = graph_scale.main(["--sizes", "2k", "--out", str(out)])
+    code = graph_scale.main(["--sizes", "2k", "--out", str(out), "--logdir", str(tmp_path)])
     assert code == 0
     doc = out.read_text()
     assert "- command: `python benchmarks/graph_scale.py --sizes 2k" in doc
@@ -101,7 +101,7 @@ def test_tiny_run_reports_both_systems_and_modes(tmp_path):
 @pytest.mark.timeout(120)
 def test_dask_stops_at_a_size_past_its_limit(tmp_path):
     out = tmp_path / "report.md"
-    argv = ["--sizes", "2k,3k", "--systems", "dask", "--modes", "zero"]
+    argv = ["--sizes", "2k,3k", "--systems", "dask", "--modes", "zero", "--logdir", str(tmp_path)]
     code = graph_scale.main([*argv, "--dask-limit", "0.001", "--out", str(out)])
     assert code == 1  # a failed run
     doc = out.read_text()
@@ -109,3 +109,4 @@ def test_dask_stops_at_a_size_past_its_limit(tmp_path):
     assert rows["2k"]["tasks"] == "FAILED"
     assert rows["3k"]["tasks"] == "skipped"
     assert "- dask: failed or exceeded --dask-limit 0.001 s at 2k (zero); larger sizes skipped" in doc
+    assert f"(logs kept in {tmp_path}" in doc  # the failed run's logs, for a look

@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 from benchmarks import shuffle_data as sd  # noqa: E402
 from benchmarks.cluster import ROOT, CallThread  # noqa: E402
 from benchmarks.p2p_shuffle import shoal_p2p_missing  # noqa: E402
-from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, load_average, write_report  # noqa: E402
 from benchmarks.shuffle_events import (  # noqa: E402
     dask_failures,
     dask_restarts,
@@ -381,17 +381,13 @@ def render(outs: list[Outcome], args: Any, command: str, settings: str) -> tuple
     tables += _table(["system", "bar", "met"], bars) if bars else ["(no system ran)"]
     if notes:
         tables += ["", "## Notes", "", *notes]
-    doc = [
-        "# shoal adaptive P2P shuffle benchmark",
-        "",
-        *machine_lines(command, settings),
-        "",
+    return document(
+        "shoal adaptive P2P shuffle benchmark",
+        command,
+        settings,
         (__doc__ or "").split("\n\n", 2)[2].strip(),
-        "",
-        *tables,
-        "",
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -81,7 +81,7 @@ from benchmarks.cluster import (  # noqa: E402
     cpu_snapshot,
     spawn,
 )
-from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, load_average, write_report  # noqa: E402
 from benchmarks.workloads import _reset_peak_rss, _RssSampler, _status_kb  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-graph-scale.md"
@@ -385,9 +385,10 @@ def run_all(
         for mode in args.modes:
             for r in range(args.repeat):
                 turn = i + r + args.modes.index(mode)
-                for system in args.systems[turn % len(args.systems) :] + args.systems[
-                    : turn % len(args.systems)
-                ]:
+                for system in (
+                    args.systems[turn % len(args.systems) :]
+                    + args.systems[: turn % len(args.systems)]
+                ):
                     if system in stopped:
                         continue
                     if system == "dask" and args.dask_max_size and size > args.dask_max_size:
@@ -526,6 +527,7 @@ def workers_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[
 def ratio_rows(t: Table) -> list[list[str]]:
     rows = []
     for size in t.sizes:
+
         def both(mode: str, attr: str, size: int = size) -> tuple[float | None, float | None]:
             return t.median("dask", mode, size, attr), t.median("shoal", mode, size, attr)
 
@@ -629,8 +631,16 @@ def render(
     zr = zero_rows(t, systems, stopped) if "zero" in args.modes else []
     if zr:
         header = [
-            "size", "system", "tasks", "client s", "submit s", "ingest tasks/s",
-            "sched µs/task", "B/task", "zero-work finish s", "client CPU s",
+            "size",
+            "system",
+            "tasks",
+            "client s",
+            "submit s",
+            "ingest tasks/s",
+            "sched µs/task",
+            "B/task",
+            "zero-work finish s",
+            "client CPU s",
         ]
         tables += ["## Zero workers (scheduler only)", "", *_table(header, zr), ""]
     wr = workers_rows(t, systems, stopped) if "workers" in args.modes else []
@@ -654,7 +664,7 @@ def render(
         tables += [
             "## Where shoal's client time goes (seconds, µs per task)",
             "",
-            "Until `client.compute` returns; \"other\" is the rest (expression "
+            'Until `client.compute` returns; "other" is the rest (expression '
             "optimisation, culling and checking the graph, sorting it, annotations, "
             "handing the parts to the event loop).",
             "",
@@ -683,16 +693,13 @@ def render(
             if rest:
                 tables += ["", "  ```", *(f"  {line}" for line in rest.splitlines()), "  ```"]
         tables.append("")
-    doc = [
-        "# shoal graph-scale benchmark",
-        "",
-        *machine_lines(command, settings),
-        "",
+    return document(
+        "shoal graph-scale benchmark",
+        command,
+        settings,
         (__doc__ or "").split("\n\n", 2)[2].strip(),
-        "",
-        *tables,
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+    )
 
 
 # --- main ---------------------------------------------------------------------------------
@@ -705,15 +712,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help="zero,workers (default both)")
     p.add_argument("--repeat", type=int, default=1, help="runs per size, mode and system")
     p.add_argument(
-        "--dask-limit", type=float, default=600.0,
+        "--dask-limit",
+        type=float,
+        default=600.0,
         help="seconds a Dask run may take; past it, or on failure, larger sizes skip Dask",
     )
     p.add_argument(
-        "--dask-max-size", type=parse_count, default=0,
+        "--dask-max-size",
+        type=parse_count,
+        default=0,
         help="largest size run on Dask (default: no limit but --dask-limit)",
     )
     p.add_argument(
-        "--timeout", type=float, default=0.0,
+        "--timeout",
+        type=float,
+        default=0.0,
         help="seconds per run (default 120 + 1.2 ms per task)",
     )
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per cluster start")

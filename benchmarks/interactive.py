@@ -79,7 +79,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError  # noqa: E402
-from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, load_average, write_report  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-interactive.md"
 ALL_SYSTEMS = ("sync", "shoal", "dask")
@@ -471,17 +471,13 @@ def render(
     ]
     if errors:
         tables += ["", "## Failures", "", *errors]
-    doc = [
-        "# shoal interactive benchmark",
-        "",
-        *machine_lines(command, settings),
-        "",
+    return document(
+        "shoal interactive benchmark",
+        command,
+        settings,
         (__doc__ or "").split("\n\n", 1)[1].strip(),
-        "",
-        *tables,
-        "",
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+    )
 
 
 # --- command line -----------------------------------------------------------------------

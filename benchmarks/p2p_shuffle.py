@@ -55,7 +55,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 from benchmarks import shuffle_data as sd  # noqa: E402
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, System  # noqa: E402
-from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, load_average, write_report  # noqa: E402
 from benchmarks.shuffle_events import p2p_totals  # noqa: E402
 from benchmarks.transfer import hwm, log, rss, settle  # noqa: E402
 from benchmarks.transfer_tasks import getpid  # noqa: E402
@@ -319,19 +319,17 @@ def render(
         more = f" ({rest.strip()[:400]})" if rest else ""
         notes.append(f"- {v} ({', '.join(ops)}): **{first}**{more}")
     tables += ["", "## Runs", "", *notes]
-    doc = [
-        "# shoal P2P shuffle benchmark",
-        "",
-        *machine_lines(command, settings),
-        f"- data: events {ref.shuffle.rows:,} rows, {ref.nbytes / MB:,.0f} MB in memory; keys "
-        f"{sd.n_keys(ref.shuffle.rows):,} rows, {ref.keys_nbytes / MB:,.0f} MB",
-        "",
+    return document(
+        "shoal P2P shuffle benchmark",
+        command,
+        settings,
         (__doc__ or "").split("\n\n", 2)[2].strip(),
-        "",
-        *tables,
-        "",
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+        data_lines=[
+            f"- data: events {ref.shuffle.rows:,} rows, {ref.nbytes / MB:,.0f} MB in memory; keys "
+            f"{sd.n_keys(ref.shuffle.rows):,} rows, {ref.keys_nbytes / MB:,.0f} MB",
+        ],
+    )
 
 
 def bar_lines(cells: dict[tuple[str, str], Cell], variants: list[str]) -> list[str]:

@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError  # noqa: E402
-from benchmarks.report import _table, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, load_average, write_report  # noqa: E402
 from benchmarks.transfer_tasks import getpid, make_payload, payload_nbytes  # noqa: E402
 from benchmarks.workloads import _reset_peak_rss, _status_kb  # noqa: E402
 
@@ -394,17 +394,13 @@ def render(cells: list[Cell], systems: list[str], command: str, settings: str) -
         ]
     if errors:
         tables += ["", "## Failures", "", *errors]
-    doc = [
-        "# shoal transfer benchmark",
-        "",
-        *machine_lines(command, settings),
-        "",
+    return document(
+        "shoal transfer benchmark",
+        command,
+        settings,
         (__doc__ or "").split("\n\n", 1)[1].strip(),
-        "",
-        *tables,
-        "",
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

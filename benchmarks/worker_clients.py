@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import psutil  # noqa: E402
 
 from benchmarks.cluster import ROOT, SYSTEMS, Cluster, ClusterError, cpu_delta  # noqa: E402
-from benchmarks.report import _table, fmt, load_average, machine_lines, write_report  # noqa: E402
+from benchmarks.report import _table, document, fmt, load_average, write_report  # noqa: E402
 from benchmarks.workloads import submit_incs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "RESULTS-worker-clients.md"
@@ -157,6 +157,7 @@ def run_system(system: str, args) -> Result:
 
 # --- report ---------------------------------------------------------------------------
 
+
 def _median(res: Result, attr: str) -> float | None:
     vals = [getattr(r, attr) for r in res.runs if getattr(r, attr) is not None]
     return statistics.median(vals) if vals else None
@@ -245,17 +246,13 @@ def render(results: list[Result], args, command: str, settings: str) -> tuple[st
             notes.append(f"- {r.system} FAILED: " + r.error.replace("\n", "\n  "))
     if notes:
         tables += ["", *notes]
-    doc = [
-        "# shoal vs Dask: tasks that submit tasks (worker_clients)",
-        "",
-        *machine_lines(command, settings),
-        "",
+    return document(
+        "shoal vs Dask: tasks that submit tasks (worker_clients)",
+        command,
+        settings,
         METHOD.format(tasks=args.tasks, subtasks=args.subtasks),
-        "",
-        *tables,
-        "",
-    ]
-    return "\n".join(doc), "\n".join(tables)
+        tables,
+    )
 
 
 METHOD = """\
@@ -292,11 +289,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--subtasks", type=int, default=10, help="sub-tasks per task (default 10)")
     p.add_argument("--systems", default="shoal,dask", help="comma-separated (default shoal,dask)")
     p.add_argument(
-        "--out", default=str(DEFAULT_OUT),
+        "--out",
+        default=str(DEFAULT_OUT),
         help="markdown report ('' = none; default benchmarks/RESULTS-worker-clients.md)",
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0,
+        "--timeout",
+        type=float,
+        default=600.0,
         help="seconds for the warm-up run (default 600); timed runs get "
         "min(this, max(60, 10 x warm-up))",
     )

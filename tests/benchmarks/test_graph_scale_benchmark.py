@@ -108,5 +108,7 @@ def test_dask_stops_at_a_size_past_its_limit(tmp_path):
     rows = {row["size"]: row for row in section(doc, "Zero workers (scheduler only)")}
     assert rows["2k"]["tasks"] == "FAILED"
     assert rows["3k"]["tasks"] == "skipped"
-    assert "- dask: failed or exceeded --dask-limit 0.001 s at 2k (zero); larger sizes skipped" in doc
+    assert (
+        "- dask: failed or exceeded --dask-limit 0.001 s at 2k (zero); larger sizes skipped" in doc
+    )
     assert f"(logs kept in {tmp_path}" in doc  # the failed run's logs, for a look

@@ -7,44 +7,17 @@ directly.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from benchmark_script import ROOT, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.interactive import CELLS, Cell, bar, make_data, mismatch  # noqa: E402
-
-
-def run_script(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / "interactive.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the benchmark stops its clusters on the way out
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=20)
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"interactive.py did not finish within {timeout:g} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def table(report: str, section: str) -> tuple[list[str], list[list[str]]]:
@@ -111,7 +84,7 @@ def test_interactive_tiny(tmp_path):
     out = tmp_path / "interactive.md"
     cells = ["delayed_sum", "array_sum"]
     args = ["--repeat", "2", "--only", ",".join(cells), "--quick", "--out", str(out)]
-    res = run_script(args, 140)
+    res = run_script("interactive.py", args, 140)
     assert res.returncode == 0, res.stderr[-4000:]
     report = out.read_text()
     assert "load average" in report and "command: `python benchmarks/interactive.py" in report

@@ -6,45 +6,19 @@ its own); the trace statistics are checked on a hand-made trace.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_script import ROOT, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import message_trace  # noqa: E402
 from benchmarks.profile_interactive import PHASES, trace_stats  # noqa: E402
-
-
-def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / "profile_interactive.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the script stops its cluster on the way out
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=20)
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"profile_interactive did not finish within {timeout:g} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _rows(out: str, header: str) -> dict[str, list[str]]:
@@ -64,7 +38,8 @@ def _rows(out: str, header: str) -> dict[str, list[str]]:
 def test_profile_interactive_tiny(tmp_path: Path) -> None:
     raw = tmp_path / "raw.json"
     trace = tmp_path / "trace"
-    proc = _run(
+    proc = run_script(
+        "profile_interactive.py",
         [
             "--cells", "delayed,sum",
             "--repeats", "2",

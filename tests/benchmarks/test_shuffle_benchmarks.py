@@ -7,45 +7,17 @@ and event helpers they share are tested directly.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from benchmark_script import ROOT, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import shuffle_data as sd  # noqa: E402
 from benchmarks.shuffle_events import dask_restarts, p2p_totals, scale_counts  # noqa: E402
-
-
-def run_script(script: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the benchmark stops its clusters on the way out
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=20)
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"{script} did not finish within {timeout:g} s\n{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
 
 # ------------------------------------------------------------------ data and checks
 

@@ -5,6 +5,8 @@ back, and whenever the copy cannot be trusted or made the data comes by socket."
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,3 +196,38 @@ def test_a_lease_that_lapsed_during_the_copy_is_not_trusted(
             ),
             workers=[a],
         )
+
+
+def getpid() -> int:
+    return os.getpid()
+
+
+def test_a_holder_killed_during_the_copy_never_yields_its_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILL to the lender between the lease and the copy: whatever the copy reads (an
+    error, or pages of another process under a reused PID) is never the result; the
+    client gets the value recomputed on the surviving worker."""
+    real = cross_memory.read_into
+    killed = []
+
+    def kill_then_read(pid: int, sources: Any, targets: list[memoryview]) -> None:
+        if not killed:  # the first lender only: the recomputed value's copy is real
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        real(pid, sources, targets)  # raises, or reads a dying process
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as cluster,
+        Client(cluster, timeout=30) as client,
+    ):
+        a, _ = holders(client)
+        holder = client.submit(getpid, workers=[a], pure=False).result()
+        x = client.submit(make_array, 17, workers=[a], allow_other_workers=True)
+        wait([x])
+        monkeypatch.setattr(cross_memory, "read_into", kill_then_read)
+        value = x.result(timeout=60)
+        monkeypatch.undo()
+        assert killed == [holder]
+        assert float(value.sum()) == float(np.arange(N, dtype=np.float64).sum() * 17)
+        assert a not in client.scheduler_info()["workers"]

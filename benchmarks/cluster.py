@@ -188,28 +188,12 @@ SYSTEMS: dict[str, System] = {
         name="shoal",
         client_module="shoal",
         scheduler_cmd=lambda f: [
-            PY,
-            "-m",
-            "shoal",
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--scheduler-file",
-            str(f),
+            PY, "-m", "shoal", "scheduler",
+            "--host", "127.0.0.1", "--port", "0", "--scheduler-file", str(f),
         ],
         worker_cmd=lambda f, name, zero: [
-            PY,
-            "-m",
-            "shoal",
-            "worker",
-            "--scheduler-file",
-            str(f),
-            "--nthreads",
-            "1",
-            "--name",
-            name,
+            PY, "-m", "shoal", "worker",
+            "--scheduler-file", str(f), "--nthreads", "1", "--name", name,
             *(["--zero"] if zero else []),
         ],
         supports_zero=True,
@@ -221,29 +205,14 @@ SYSTEMS: dict[str, System] = {
         name="dask",
         client_module="distributed",
         scheduler_cmd=lambda f: [
-            PY,
-            "-m",
-            "distributed.cli.dask_scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--scheduler-file",
-            str(f),
+            PY, "-m", "distributed.cli.dask_scheduler",
+            "--host", "127.0.0.1", "--port", "0", "--scheduler-file", str(f),
             "--no-dashboard",
         ],
         worker_cmd=lambda f, name, zero: [
-            PY,
-            "-m",
-            "distributed.cli.dask_worker",
-            "--scheduler-file",
-            str(f),
-            "--nthreads",
-            "1",
-            "--name",
-            name,
-            "--no-nanny",
-            "--no-dashboard",
+            PY, "-m", "distributed.cli.dask_worker",
+            "--scheduler-file", str(f), "--nthreads", "1", "--name", name,
+            "--no-nanny", "--no-dashboard",
         ],
         supports_zero=False,
         tasks_run=lambda client: sum(client.run(dask_executed_count).values()),
@@ -343,9 +312,7 @@ class Cluster:
 
     def _start(self):
         deadline = time.monotonic() + self.timeout
-        self.scheduler = spawn(
-            self.system.scheduler_cmd(self.scheduler_file), self.dir / "scheduler.log"
-        )
+        self.scheduler = spawn(self.system.scheduler_cmd(self.scheduler_file), self.dir / "scheduler.log")
         info = self._wait_scheduler_file(deadline)
         self.address = info["address"]
         pid = int(info.get("pid") or self.scheduler.pid)
@@ -362,7 +329,9 @@ class Cluster:
         map_kwargs = {}
         if "pure" in inspect.signature(self.client.map).parameters:
             map_kwargs["pure"] = False  # unique keys, no tokenising: same as submit(pure=False)
-        self.api = Api(wait=mod.wait, map_kwargs=map_kwargs, check=not self.zero, scheduler_pid=pid)
+        self.api = Api(
+            wait=mod.wait, map_kwargs=map_kwargs, check=not self.zero, scheduler_pid=pid
+        )
         self._wait_workers(deadline)
 
     def _named_procs(self) -> list[tuple[str, str, subprocess.Popen]]:
@@ -409,9 +378,7 @@ class Cluster:
             if n >= self.n_workers:
                 return
             time.sleep(0.1)
-        raise ClusterError(
-            f"{self.system.name}: only {n}/{self.n_workers} workers connected in time"
-        )
+        raise ClusterError(f"{self.system.name}: only {n}/{self.n_workers} workers connected in time")
 
     def stop(self, remove_logs: bool = True):
         """Close the client, kill the processes; delete the log directory if asked."""

@@ -326,8 +326,8 @@ def render(
         (__doc__ or "").split("\n\n", 2)[2].strip(),
         tables,
         data_lines=[
-            f"- data: events {ref.shuffle.rows:,} rows, {ref.nbytes / MB:,.0f} MB in memory; keys "
-            f"{sd.n_keys(ref.shuffle.rows):,} rows, {ref.keys_nbytes / MB:,.0f} MB",
+        f"- data: events {ref.shuffle.rows:,} rows, {ref.nbytes / MB:,.0f} MB in memory; keys "
+        f"{sd.n_keys(ref.shuffle.rows):,} rows, {ref.keys_nbytes / MB:,.0f} MB",
         ],
     )
 

@@ -109,16 +109,8 @@ DETAIL = ["wall s", "sched µs/task", "workers µs/task", "client µs/task"]
 KIND_DETAIL = {
     "wall": ["tasks/s", "sched µs/task", "workers µs/task", "client µs/task", "tasks run"],
     "memory": [
-        "submit s",
-        "result s",
-        "submit µs/task",
-        "result µs/task",
-        "sched peak RSS MB",
-        "sched idle RSS MB",
-        "sched µs/task",
-        "workers µs/task",
-        "client µs/task",
-        "wall s",
+        "submit s", "result s", "submit µs/task", "result µs/task", "sched peak RSS MB",
+        "sched idle RSS MB", "sched µs/task", "workers µs/task", "client µs/task", "wall s",
         "tasks run",
     ],
 }
@@ -189,9 +181,7 @@ def _group_label(res: dict[str, Result | None]) -> str:
     present = _present(res)
     if _same_size(res):
         return present[0].label
-    return (
-        f"{present[0].workload.name} (" + ", ".join(f"{r.system} {r.label}" for r in present) + ")"
-    )
+    return f"{present[0].workload.name} (" + ", ".join(f"{r.system} {r.label}" for r in present) + ")"
 
 
 def _ratio_cell(res: dict[str, Result | None], metric: str) -> str:
@@ -334,10 +324,7 @@ def bars_table(results: list[Result]) -> list[str]:
         met = "—" if ok is None else ("yes" if ok else "**no**")
         rows.append([workload, what, fmt(value), target, met])
 
-    pp, plain = (
-        val("partial_path", "shoal", "sched µs/task"),
-        val("plain_path", "shoal", "sched µs/task"),
-    )
+    pp, plain = val("partial_path", "shoal", "sched µs/task"), val("plain_path", "shoal", "sched µs/task")
     pp_dask = val("partial_path", "dask", "sched µs/task")
     if pp and plain:
         r = pp / plain
@@ -348,17 +335,11 @@ def bars_table(results: list[Result]) -> list[str]:
     a, a_dask = val("array", "shoal", "wall s"), val("array", "dask", "wall s")
     if a and a_dask:
         bar("array", "wall time, shoal ÷ Dask", a / a_dask, "≤ 1", a <= a_dask)
-    mb, mb_dask = (
-        val("million", "shoal", "sched bytes/task"),
-        val("million", "dask", "sched bytes/task"),
-    )
+    mb, mb_dask = val("million", "shoal", "sched bytes/task"), val("million", "dask", "sched bytes/task")
     if mb is not None:
         bar(
-            "million",
-            "shoal scheduler peak RSS per task (bytes)",
-            mb,
-            f"≤ {MILLION_BAR_BYTES:,}",
-            mb <= MILLION_BAR_BYTES,
+            "million", "shoal scheduler peak RSS per task (bytes)", mb,
+            f"≤ {MILLION_BAR_BYTES:,}", mb <= MILLION_BAR_BYTES,
         )
     if mb_dask is not None:
         bar("million", "Dask scheduler peak RSS per task (bytes)", mb_dask, "—", None)
@@ -370,20 +351,12 @@ def bars_table(results: list[Result]) -> list[str]:
 def _git_commit() -> str:
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+            text=True, timeout=10, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "shoal"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            ["git", "status", "--porcelain", "--", "shoal"], cwd=ROOT, capture_output=True,
+            text=True, timeout=10, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -34,17 +34,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="python benchmarks/run.py",
         description="Benchmark shoal against Dask distributed on the same cluster layout.",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="smaller sizes (about 1/10) for a smoke run"
-    )
-    p.add_argument(
-        "--repeat", type=int, default=3, help="timed runs per workload and system (default 3)"
-    )
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about 1/10) for a smoke run")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per workload and system (default 3)")
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated workloads to run, from: "
-        + ", ".join(ALL_NAMES)
+        help="comma-separated workloads to run, from: " + ", ".join(ALL_NAMES)
         + " ('zero' = all zero-worker ones, 'partial_path' includes plain_path; "
         "default: all)",
     )
@@ -129,12 +124,7 @@ def measure(cluster: Cluster, wl: Workload, size: int, timeout: float) -> Run:
         sched, precise_s = cpu_delta(s0, s1)
         workers, precise_w = cpu_delta(w0, w1)
         return Run(
-            wall,
-            sched,
-            workers,
-            c1 - c0,
-            outcome.samples,
-            precise_s and precise_w,
+            wall, sched, workers, c1 - c0, outcome.samples, precise_s and precise_w,
             dict(outcome.metrics),
         )
 
@@ -176,7 +166,9 @@ def _fail(res: Result, cluster: Cluster, stage: str, exc: BaseException) -> None
         log(traceback.format_exc(limit=-6))
 
 
-def run_workload(wl: Workload, systems: list[str], args, *, zero: bool = False) -> list[Result]:
+def run_workload(
+    wl: Workload, systems: list[str], args, *, zero: bool = False
+) -> list[Result]:
     """Run ``wl`` on each system in turn, each on a freshly started cluster.
 
     Only one cluster is alive at a time: an idle Dask cluster alone costs ~10% of a

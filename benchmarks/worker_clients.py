@@ -157,7 +157,6 @@ def run_system(system: str, args) -> Result:
 
 # --- report ---------------------------------------------------------------------------
 
-
 def _median(res: Result, attr: str) -> float | None:
     vals = [getattr(r, attr) for r in res.runs if getattr(r, attr) is not None]
     return statistics.median(vals) if vals else None
@@ -289,14 +288,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--subtasks", type=int, default=10, help="sub-tasks per task (default 10)")
     p.add_argument("--systems", default="shoal,dask", help="comma-separated (default shoal,dask)")
     p.add_argument(
-        "--out",
-        default=str(DEFAULT_OUT),
+        "--out", default=str(DEFAULT_OUT),
         help="markdown report ('' = none; default benchmarks/RESULTS-worker-clients.md)",
     )
     p.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
+        "--timeout", type=float, default=600.0,
         help="seconds for the warm-up run (default 600); timed runs get "
         "min(this, max(60, 10 x warm-up))",
     )

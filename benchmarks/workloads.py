@@ -126,7 +126,8 @@ def tree(api: Api, client, depth: int) -> Outcome:
     layer = client.map(inc, range(n), **api.map_kwargs)
     while len(layer) > 1:
         layer = [
-            client.submit(add, layer[i], layer[i + 1], pure=False) for i in range(0, len(layer), 2)
+            client.submit(add, layer[i], layer[i + 1], pure=False)
+            for i in range(0, len(layer), 2)
         ]
     result = layer[0].result()
 
@@ -398,83 +399,47 @@ class Workload:
 
 WORKLOADS = [
     Workload(
-        "latency",
-        latency,
-        300,
-        50,
-        "latency",
+        "latency", latency, 300, 50, "latency",
         "sequential `client.submit(inc, i, pure=False).result()` round trips",
     ),
     Workload(
-        "map",
-        map_,
-        50_000,
-        5_000,
-        "throughput",
+        "map", map_, 50_000, 5_000, "throughput",
         "`client.map(inc, range(n))` then `wait`",
     ),
     Workload(
-        "merge",
-        merge,
-        10_000,
-        1_000,
-        "throughput",
+        "merge", merge, 10_000, 1_000, "throughput",
         "n independent `inc` tasks plus one `sum_list` task taking all n futures as one list",
     ),
     Workload(
-        "tree",
-        tree,
-        14,
-        10,
-        "throughput",
+        "tree", tree, 14, 10, "throughput",
         "pairwise `add` reduction of 2**n `inc` leaves (2**(n+1) - 1 tasks)",
     ),
     Workload(
-        "chain",
-        chain,
-        2_000,
-        200,
-        "hop",
+        "chain", chain, 2_000, 200, "hop",
         "n tasks, each `inc` of the previous future",
     ),
     Workload(
-        "partial_path",
-        partial_path,
-        20_000,
-        2_000,
-        "throughput",
+        "partial_path", partial_path, 20_000, 2_000, "throughput",
         "n `client.submit(functools.partial(f, Path(f'/data/{i}')), pure=False)`, then "
         "`wait`; `f` is defined in the script's `__main__`, so it is pickled by value",
         prepare=prepare_partials,
     ),
     Workload(
-        "plain_path",
-        plain_path,
-        20_000,
-        2_000,
-        "throughput",
+        "plain_path", plain_path, 20_000, 2_000, "throughput",
         "the `partial_path` tasks without a partial: n `client.submit(f, Path(...), "
         "pure=False)`, then `wait` (the control for shoal's partial cost)",
         prepare=prepare_paths,
         systems=("shoal",),
     ),
     Workload(
-        "array",
-        array,
-        5_000,
-        2_000,
-        "wall",
+        "array", array, 5_000, 2_000, "wall",
         "`client.compute((x + x.T).mean()).result()`, `x = da.random.random((n, n), "
         "chunks=(100, 100))`",
         prepare=prepare_array,
         count=lambda side: dask_task_count(prepare_array(side)),
     ),
     Workload(
-        "million",
-        million,
-        1_000_000,
-        100_000,
-        "memory",
+        "million", million, 1_000_000, 100_000, "memory",
         "`client.compute(da.ones((c,), chunks=1).sum())` with c = 3/4 of the size (about "
         "size tasks), then `wait`; shoal on `--zero` workers, Dask (no zero mode) on its "
         "normal workers at a smaller size; every run on a fresh cluster, no warm-up. "

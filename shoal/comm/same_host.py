@@ -82,19 +82,18 @@ class DataLeases:
     ) -> tuple[int, list[tuple[int, int]]] | None:
         """Hold ``buffers`` for ``conn`` and return the lease and where they lie, or
         None if one of them cannot be lent (no address to give)."""
+        held = [memoryview(b) for b in buffers]
         lent = []
-        for buf in buffers:
-            view = memoryview(buf)
+        for view in held:
             address = cross_memory.buffer_address(view)
             if address is None:
                 return None
             lent.append((address, view.nbytes))
         self._expire()
         lease = next(self._ids)
-        held = [memoryview(b) for b in buffers]
         self._held[lease] = (conn, held, self.clock() + self.lease_seconds)
         self.made += 1
-        self.lent_bytes += sum(b.nbytes for b in held)
+        self.lent_bytes += sum(n for _, n in lent)
         self._watch(conn)
         return lease, lent
 
@@ -116,9 +115,6 @@ class DataLeases:
     def connection_closed(self, conn: Connection) -> None:
         for lease in [k for k, (c, _, _) in self._held.items() if c is conn]:
             del self._held[lease]
-
-    def clear(self) -> None:
-        self._held.clear()
 
     def _expire(self) -> None:
         now = self.clock()

@@ -167,9 +167,7 @@ class _WorkerCollector:
         w = self.worker
         ws = w.state
         spill = w.spill_buffer
-        tasks = GaugeMetricFamily(
-            "dask_worker_tasks", "Number of tasks at worker", labels=["state"]
-        )
+        tasks = GaugeMetricFamily("dask_worker_tasks", "Number of tasks at worker", labels=["state"])
         if ws is not None:
             counts = ws.task_counts()
             if spill is not None and counts.get("memory"):  # as Dask: those on disk apart
@@ -189,9 +187,7 @@ class _WorkerCollector:
         )
         if spill is not None:  # results are measured only where they can spill
             managed = min(rss, spill.memory_bytes)
-            memory = GaugeMetricFamily(
-                "dask_worker_memory_bytes", "Memory breakdown", labels=["type"]
-            )
+            memory = GaugeMetricFamily("dask_worker_memory_bytes", "Memory breakdown", labels=["type"])
             memory.add_metric(["managed"], managed)
             memory.add_metric(["unmanaged"], rss - managed)
             memory.add_metric(["spilled"], spilled)

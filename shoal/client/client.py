@@ -33,6 +33,7 @@ from shoal.client.data_location import DataLocationMixin
 from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState
 from shoal.client.gather import GatherMixin
+from shoal.client.graph_data import GraphDataCache
 from shoal.client.loop import LoopRunner, in_thread
 from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
@@ -174,6 +175,8 @@ class Client(
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ref_types: dict[type, Callable[[Any], Key]] = {Future: _future_key}
         self._encoder: GraphEncoder | None = None
+        # Large constants of Dask graphs, placed on the workers once (client/graph_data.py)
+        self.graph_data = GraphDataCache(self)
         self._set_as_default = set_as_default
         if not asynchronous:
             self._runner = LoopRunner()
@@ -283,6 +286,7 @@ class Client(
         if self._closed:
             return
         self._closed = True
+        self.graph_data.clear()  # released while the connection still sends
         self.status = "closed"
         _live_clients.discard(self)
         if self._heartbeats is not None:

@@ -7,10 +7,12 @@ scheduler receives task specs, never a pickled expression it would have to open.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from shoal.client import graph_data
 from shoal.client.dask_graph import (
     annotations_for,
     check_graph,
@@ -25,6 +27,7 @@ from shoal.protocol.messages import Key
 from shoal.shuffle import _dask as shuffle_dask
 
 PART_SIZE = 10_000  # tasks per SubmitTasks message of a large graph
+LOST_DATA_ATTEMPTS = 3  # tries of a ``get`` whose graph data is lost with workers
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -35,11 +38,14 @@ def submit_graph(
     graph: Any,
     keys: Iterable[Key],
     options: dict[str, Any] | None = None,
+    placed: dict[Key, Future] | None = None,
 ) -> dict[Key, Future]:
     """Submit the part of ``graph`` that ``keys`` need; futures for ``keys``.
 
     ``options`` are annotations for every task (``priority``, ``retries``, ``workers``,
-    ``resources``, ``allow_other_workers``), under those of the graph's own layers."""
+    ``resources``, ``allow_other_workers``), under those of the graph's own layers.
+    Large data nodes go to the workers apart from the graph (:mod:`graph_data`); their
+    futures are added to ``placed`` when given."""
     import dask
     from dask.order import order
 
@@ -58,6 +64,13 @@ def submit_graph(
     encoder = client._graph_encoder()
     priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
     ordered = topological(dsk, priorities)
+    # Large data nodes are placed on the workers (or found there) before the graph is
+    # sent: the graph then depends on their keys like on held futures. Held until sent.
+    data = graph_data.place(client, dsk, _restricted_data(dsk, by_type, defaults))
+    if data:
+        ordered = [k for k in ordered if k not in data]
+        if placed is not None:
+            placed.update(data)
 
     placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
 
@@ -108,7 +121,23 @@ def submit_graph(
             yield part
 
     futures = client._submit_parts(parts(), keys)
+    del data  # released after the graph that depends on them (the outbox keeps order)
     return dict(zip(keys, futures))
+
+
+def _restricted_data(
+    dsk: dict[Key, Any], by_type: dict[str, Any], defaults: dict[str, Any]
+) -> set[Key]:
+    """Data nodes whose annotations tie them to workers or resources: they stay inline."""
+    from dask._task_spec import DataNode
+
+    out = set()
+    for key, node in dsk.items():
+        if type(node) is DataNode:
+            annots = annotations_for(key, by_type, defaults)
+            if "workers" in annots or "resources" in annots:
+                out.add(key)
+    return out
 
 
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -116,10 +145,31 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     ``dsk`` and return their values in the same structure. Options like ``compute``'s
     are taken; other keywords are tolerated, as Dask passes its own through."""
     flat = list(_flatten(keys))
-    packed = _pack(keys, submit_graph(client, dsk, flat, _options(kwargs)))
-    # The futures live until gathered (in the coroutine, for an asynchronous client),
-    # then go, releasing the keys.
-    return client.gather(packed)
+    options = _options(kwargs)
+    if client.asynchronous:
+        # The futures live until gathered (in the coroutine), then go, releasing the keys.
+        return client.gather(_pack(keys, submit_graph(client, dsk, flat, options)))
+    for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
+        placed: dict[Key, Future] = {}
+        try:
+            return client.gather(_pack(keys, submit_graph(client, dsk, flat, options, placed)))
+        except Exception:
+            # Graph data lost with a worker during the compute: the client still has the
+            # values, so the graph goes again (its data sent again) instead of failing.
+            if attempt == LOST_DATA_ATTEMPTS or not graph_data.lost(client, placed):
+                raise
+        del placed  # the futures of the failed attempt go before the next one
+        # The error raised sits in its key's state, and its traceback holds frames that
+        # hold the futures: the failed attempt's keys would stay held, erred, and be
+        # found again by the next attempt. Cut that loop so that they are released.
+        erred = [st for k in flat if (st := client._states.get(k)) is not None]
+        for st in erred:
+            if st.exception is not None:
+                st.exception.__traceback__ = None
+        if erred:
+            del st, erred
+            gc.collect()
+    raise AssertionError("unreachable")
 
 
 def compute(

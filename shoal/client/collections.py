@@ -44,8 +44,12 @@ def submit_graph(
 
     ``options`` are annotations for every task (``priority``, ``retries``, ``workers``,
     ``resources``, ``allow_other_workers``), under those of the graph's own layers.
-    Large data nodes go to the workers apart from the graph (:mod:`graph_data`); their
-    futures are added to ``placed`` when given."""
+
+    With ``placed`` (a dict, filled with their futures), large data nodes go to the
+    workers apart from the graph (:mod:`graph_data`). Only ``get`` asks for it: it
+    gathers the results at once and sends the graph again if that data is lost. The
+    futures of ``compute`` and ``persist`` may outlive their data's worker, and must stay
+    recomputable from the graph alone."""
     import dask
     from dask.order import order
 
@@ -65,12 +69,21 @@ def submit_graph(
     priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
     ordered = topological(dsk, priorities)
     # Large data nodes are placed on the workers (or found there) before the graph is
-    # sent: the graph then depends on their keys like on held futures. Held until sent.
-    data = graph_data.place(client, dsk, _restricted_data(dsk, by_type, defaults))
+    # sent: the graph then depends on their keys like on held futures, held until sent.
+    data: dict[Key, Future] = {}
+    if placed is not None:
+        # The keys asked for stay tasks (a data-only graph): futures of them held by the
+        # caller stay recomputable.
+        wanted = set(keys)
+
+        def inline(key: Key) -> bool:  # also data tied to workers or resources
+            annots = annotations_for(key, by_type, defaults)
+            return key in wanted or "workers" in annots or "resources" in annots
+
+        data = graph_data.place(client, dsk, inline)
+        placed.update(data)
     if data:
         ordered = [k for k in ordered if k not in data]
-        if placed is not None:
-            placed.update(data)
 
     placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
 
@@ -123,21 +136,6 @@ def submit_graph(
     futures = client._submit_parts(parts(), keys)
     del data  # released after the graph that depends on them (the outbox keeps order)
     return dict(zip(keys, futures))
-
-
-def _restricted_data(
-    dsk: dict[Key, Any], by_type: dict[str, Any], defaults: dict[str, Any]
-) -> set[Key]:
-    """Data nodes whose annotations tie them to workers or resources: they stay inline."""
-    from dask._task_spec import DataNode
-
-    out = set()
-    for key, node in dsk.items():
-        if type(node) is DataNode:
-            annots = annotations_for(key, by_type, defaults)
-            if "workers" in annots or "resources" in annots:
-                out.add(key)
-    return out
 
 
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shoal.client.futures import Future
@@ -61,7 +61,10 @@ def _bytes_setting(key: str) -> int:
     from shoal import config
 
     value = config.get(key)
-    n = parse_bytes(value) if isinstance(value, str) else value
+    try:
+        n = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError:
+        n = None
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(
             f"shoal.{key} must be a number of bytes >= 0 (e.g. '64KiB'), not {value!r}"
@@ -165,10 +168,10 @@ class GraphDataCache:
 def place(
     client: Client,
     dsk: Mapping[Key, Any],
-    restricted: set[Key],
+    inline: Callable[[Key], bool],
 ) -> dict[Key, Future]:
-    """Put the large, content-keyed data nodes of ``dsk`` (not in ``restricted``: those
-    a layer's annotations tie to workers or resources) on the workers, or find them
+    """Put the large, content-keyed data nodes of ``dsk`` (but those for which
+    ``inline(key)``: e.g. tied to workers by annotations) on the workers, or find them
     there already; their futures by key, to be held until the graph is submitted. The
     caller leaves those keys out of the tasks it submits."""
     from dask._task_spec import DataNode
@@ -183,11 +186,11 @@ def place(
     found: dict[Key, Future] = {}
     to_send: dict[Key, tuple[Any, str, int]] = {}
     for key, node in dsk.items():
-        if type(node) is not DataNode or key in restricted or not content_keyed(key):
+        if type(node) is not DataNode or not content_keyed(key):
             continue
         value = node.value
         nbytes = int(sizeof(value))
-        if nbytes < min_bytes:
+        if nbytes < min_bytes or inline(key):
             continue
         type_name = f"{type(value).__module__}.{type(value).__qualname__}"
         future = cache.lookup(key, type_name, nbytes)

@@ -8,6 +8,7 @@ or a scheduler and workers started with ``spawn`` for the kill tests."""
 
 from __future__ import annotations
 
+import operator
 import signal
 import time
 from collections.abc import Iterator
@@ -121,25 +122,66 @@ def test_without_graph_data_the_partitions_ride_in_the_graph(gclient: Client) ->
     assert len(gclient.graph_data) == 0
 
 
-def test_persist_compute_arrays_and_data_only_graphs(gclient: Client) -> None:
-    df = frame()
-    ddf = dd.from_pandas(df, npartitions=4)
-    persisted = gclient.persist(ddf)
-    pd.testing.assert_frame_equal(persisted.compute(), df)
-    assert gclient.compute(ddf.c.max(), sync=True) == df.c.max()
+def test_arrays_delayed_and_data_only_graphs(gclient: Client) -> None:
     x = np.random.default_rng(3).random(400_000)
     arr = da.from_array(x, chunks=100_000)
-    assert (arr.sum().compute()) == dask.compute(arr.sum(), scheduler="sync")[0]
-    # a graph of data nodes only, the keys themselves wanted
-    chunks = gclient.get(arr.__dask_graph__(), list(arr.__dask_keys__()))
-    np.testing.assert_array_equal(np.concatenate(chunks), x)
-    assert any(k[0].startswith("array-") for k in gclient.graph_data.info()["keys"])
+    # (optimised, from_array's chunks are fused into their first task's subgraph: only
+    # data nodes at the top of the graph are placed)
+    expected = dask.compute(arr.sum(), scheduler="sync")[0]
+    assert arr.sum().compute(optimize_graph=False) == expected
+    assert sum(k[0].startswith("array-") for k in gclient.graph_data.info()["keys"]) == 4
+    # a graph of data nodes only, the keys themselves wanted: they stay tasks (futures
+    # of them must stay recomputable), and the values come back
+    sent = gclient.graph_data.info()["sent"]
+    big = da.from_array(x + 1, chunks=100_000)
+    chunks = gclient.get(big.__dask_graph__(), list(big.__dask_keys__()))
+    np.testing.assert_array_equal(np.concatenate(chunks), x + 1)
+    assert gclient.graph_data.info()["sent"] == sent
     # delayed(obj, pure=True) is named by its content; a plain delayed(obj) by a uuid,
     # so it stays inline and is not cached
-    assert dask.delayed(df, pure=True).compute().equals(df)
-    assert dask.delayed(df).compute().equals(df)
+    df = frame()
+    assert dask.delayed(len)(dask.delayed(df, pure=True)).compute() == ROWS
+    assert dask.delayed(len)(dask.delayed(df)).compute() == ROWS
     names = [k if isinstance(k, str) else k[0] for k in gclient.graph_data.info()["keys"]]
     assert sum(n.startswith("DataFrame-") for n in names) == 1
+
+
+def test_persist_and_client_compute_keep_their_data_recomputable(gclient: Client) -> None:
+    """Their futures may outlive the worker holding the data: the data stays in the
+    graph, where the scheduler can run it again."""
+    df = frame()
+    ddf = dd.from_pandas(df, npartitions=4)
+    with Sent(gclient) as sent:
+        persisted = gclient.persist(ddf.assign(d=ddf.b * 2))
+        pd.testing.assert_frame_equal(persisted.compute(), df.assign(d=df.b * 2))
+        assert gclient.compute(ddf.c.max(), sync=True) == df.c.max()
+    assert sent.scatters == 0 and len(gclient.graph_data) == 0
+    assert sent.payload_bytes > ROWS * 8
+
+
+def test_data_restricted_to_workers_stays_inline(gclient: Client) -> None:
+    from dask._task_spec import DataNode, Task, TaskRef
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    name = "frompandas-" + dask.base.tokenize(frame())
+    parts = [frame(i) for i in range(2)]
+    worker = sorted(gclient.scheduler_info()["workers"])[0]
+    data = {(name, i): DataNode((name, i), p) for i, p in enumerate(parts)}
+    total = Task("total", operator.add, *(Task(None, len, TaskRef(k)) for k in data))
+    graph = HighLevelGraph(
+        {
+            name: MaterializedLayer(data, annotations={"workers": [worker]}),
+            "total": MaterializedLayer({"total": total}),
+        },
+        {name: set(), "total": {name}},
+    )
+    with Sent(gclient) as sent:
+        assert gclient.get(graph, "total") == 2 * ROWS
+    assert sent.scatters == 0 and len(gclient.graph_data) == 0
+    # the same graph without the restriction: the partitions are placed
+    graph.layers[name].annotations = None
+    assert gclient.get(graph, "total") == 2 * ROWS
+    assert set(gclient.graph_data.info()["keys"]) == set(data)
 
 
 def test_small_data_stays_inline(gclient: Client) -> None:

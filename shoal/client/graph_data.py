@@ -22,6 +22,7 @@ data was lost with its worker.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -33,6 +34,8 @@ from shoal.protocol.messages import Key
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
+
+logger = logging.getLogger("shoal.client")
 
 MIN_BYTES_KEY = "client.graph-data.min-bytes"
 CACHE_BYTES_KEY = "client.graph-data.cache-bytes"
@@ -205,7 +208,14 @@ def place(
         states = client._states
         to_send = {k: v for k, v in to_send.items() if k not in states}
     if to_send:
-        futures = client.scatter({k: v[0] for k, v in to_send.items()})
+        try:
+            futures = client.scatter({k: v[0] for k, v in to_send.items()})
+        except (OSError, RuntimeError) as e:
+            # No worker yet (RuntimeError: the graph waits for one, as it would with its
+            # data inline), or one went away during the scatter (OSError): this time the
+            # data stays in the graph.
+            logger.debug("graph data stays inline: %s", e)
+            return found
         cache.sent += len(to_send)
         new = {k: Entry(futures[k], v[1], v[2]) for k, v in to_send.items()}
         found.update(futures)

@@ -265,3 +265,21 @@ def test_a_killed_worker_holding_cached_data_gives_the_right_value(
         assert (info["sent"], info["reused"]) == (4 + lost, reused)
         assert ddf.b.sum().compute(scheduler=client.get) == expected  # all cached again
         assert client.graph_data.info()["reused"] == reused + 4
+
+
+def test_a_graph_submitted_before_any_worker_waits_for_one(spawn: Spawn, tmp_path: Path) -> None:
+    """No worker to place the data on: it stays in the graph, which runs once a worker
+    comes; the next compute places it."""
+    _, address = start_scheduler(spawn, tmp_path)
+    with Client(address, timeout=30) as client:
+        ddf = dd.from_pandas(frame(), npartitions=4)
+        expected = dask.compute(ddf.b.sum(), scheduler="sync")[0]
+        with ThreadPoolExecutor(1) as pool:
+            result = pool.submit(ddf.b.sum().compute, scheduler=client.get)
+            time.sleep(0.5)
+            assert not result.done()
+            start_workers(spawn, address, 1)
+            assert result.result(timeout=60) == expected
+        assert len(client.graph_data) == 0
+        assert ddf.b.sum().compute(scheduler=client.get) == expected
+        assert len(client.graph_data) == 4

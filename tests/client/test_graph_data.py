@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask._task_spec import DataNode
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.client.dask_graph import materialize
 from shoal.client.graph_data import Entry, GraphDataCache, content_keyed
@@ -102,3 +104,52 @@ def test_a_bad_setting_is_named(cache: GraphDataCache) -> None:
         pytest.raises(ValueError, match="cache-bytes"),
     ):
         cache.add({"a-1": entry("a-1", 1)}, set())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "lookup", "lookup-same", "fail", "drop", "clear"]),
+            st.sampled_from(["a-1", "b-1", "c-1"]),
+            st.sampled_from([50, 100]),
+            st.sampled_from(["pandas.DataFrame", "numpy.ndarray"]),
+        ),
+        max_size=40,
+    ),
+    st.integers(0, 300),
+)
+def test_any_sequence_keeps_the_bound_and_never_returns_a_stale_entry(
+    ops: list[tuple[str, str, int, str]], limit: int
+) -> None:
+    """Whatever happens, the byte count is the entries' sum, within the limit after an
+    add, and a lookup only returns a finished future of the same type and size: an
+    erred (lost) entry or another value under the key is sent again, never reused."""
+    cache = GraphDataCache(None)  # type: ignore[arg-type]
+    with dask.config.set({"shoal.client.graph-data.cache-bytes": limit}):
+        for op, key, nbytes, type_name in ops:
+            if op == "add":
+                cache.add({key: entry(key, nbytes, type_name)}, {key})
+                assert cache.nbytes <= limit
+            elif op.startswith("lookup"):
+                kept = cache._entries.get(key)
+                if op == "lookup-same" and kept is not None:  # the value it was added with
+                    nbytes, type_name = kept.nbytes, kept.type_name
+                found = cache.lookup(key, type_name, nbytes)
+                if found is not None:
+                    assert kept is not None and found is kept.future
+                    assert (kept.type_name, kept.nbytes, found.status) == (
+                        type_name,
+                        nbytes,
+                        "finished",
+                    )
+                else:
+                    assert key not in cache
+            elif op == "fail" and key in cache:
+                cache._entries[key].future.status = "error"
+            elif op == "drop":
+                cache.drop([key])
+                assert key not in cache
+            elif op == "clear":
+                cache.clear()
+            assert cache.nbytes == sum(e.nbytes for e in cache._entries.values())

@@ -16,9 +16,9 @@ from shoal.client.dask_graph import (
     check_graph,
     cull,
     materialize,
-    topological,
 )
 from shoal.client.futures import Future
+from shoal.client.graph_order import order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -41,7 +41,6 @@ def submit_graph(
     ``options`` are annotations for every task (``priority``, ``retries``, ``workers``,
     ``resources``, ``allow_other_workers``), under those of the graph's own layers."""
     import dask
-    from dask.order import order
 
     keys = list(dict.fromkeys(keys))
     shuffle_dask.install()
@@ -56,8 +55,7 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
-    priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
-    ordered = topological(dsk, priorities)
+    ordered = submission_order(dsk, order_bound())
 
     placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
 

@@ -55,6 +55,7 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
+    encoder.start_graph()
     ordered = submission_order(dsk, order_bound())
 
     placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}

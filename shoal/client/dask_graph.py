@@ -215,7 +215,7 @@ class GraphEncoder:
             func, args, kwargs = identity, (node.value,), {}
         elif isinstance(node, self._task):
             self._nested = False
-            args = tuple(self._arg(a) for a in node.args)
+            args = tuple([self._arg(a) for a in node.args])
             kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
             func = node.func
             if self._nested:
@@ -231,9 +231,12 @@ class GraphEncoder:
         else:
             raise TypeError(f"the graph's value for {key!r} is not a task: {node!r}")
         fid = self.functions.register(func)
-        encoded = plain_task_args(args, kwargs, self.ref_types)
-        if encoded is None and self._templates is not None:
+        # Templates first: their walk also finds the plain tasks, for which it gives up.
+        encoded = None
+        if self._templates is not None:
             encoded = self._templates.encode(fid, args, kwargs)
+        if encoded is None:
+            encoded = plain_task_args(args, kwargs, self.ref_types)
         if encoded is None:
             encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
         payload, deps, funcs = encoded

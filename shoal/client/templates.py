@@ -94,6 +94,8 @@ class LayerTemplates:
             )
         except _Unshapeable:
             return None
+        if not pinned:  # only plain values: plain msgpack carries them (or pickle)
+            return None
         template = self._templates.get(shape)
         if template is None:
             self.misses += 1

@@ -190,9 +190,16 @@ def templates():
 
 
 def test_a_container_met_twice_is_not_templated():
-    shared = [1, 2]
+    marker = np.arange(2)  # an object: a template is worth making
+    shared = [marker, 2]
     assert templates().encode("fid", (shared, shared), {}) is None
-    assert templates().encode("fid", ([1, 2], [1, 2]), {}) is not None
+    assert templates().encode("fid", ([marker, 2], [marker, 2]), {}) is not None
+
+
+def test_plain_arguments_are_left_to_plain_msgpack():
+    cache = templates()
+    assert cache.encode("fid", ([1, (2, "x")], Dep("k")), {"a": 1.5}) is None
+    assert cache.misses == 0
 
 
 def test_an_object_is_part_of_the_shape_by_identity_slots_by_value():

@@ -7,8 +7,9 @@ most of a large graph's client time. So it is bounded:
   (whatever the order, it holds at most that many results);
 * up to ``shoal.client.order.max-tasks`` tasks: ``dask.order``;
 * above: :func:`dependency_first`, a depth-first post-order from the graph's outputs
-  (~2 µs per task). On a reduction tree it finishes each subtree before starting the
-  next, so the results held stay at about depth x fan-in, as with ``dask.order``
+  that also runs at once the ready dependents that release an input (a few µs per
+  task). On a reduction tree it finishes each subtree before starting the next, so the
+  results held stay at about depth x fan-in, as with ``dask.order``
   (``benchmarks/order_memory.py`` measures both on dask's own ordering test graphs and on
   large array reductions).
 """
@@ -55,17 +56,52 @@ def submission_order(dsk: Mapping[Key, Any], max_tasks: int | None) -> list[Key]
 def dependency_first(dsk: Mapping[Key, Any]) -> list[Key]:
     """A depth-first post-order of ``dsk`` (acyclic) from its outputs (the keys no other
     key depends on), in the graph's own key order; each key's dependencies are taken in
-    that order too. Dependencies outside ``dsk`` are ignored."""
+    that order too. Dependencies outside ``dsk`` are ignored.
+
+    After each key, its dependents that are now ready and release a result (the last
+    dependent of one of their inputs) run at once, and so on from them: a value used by
+    two branches (``x - x.mean()``) is consumed as soon as it can be, instead of being
+    held until the depth-first walk comes back to it."""
     position = {key: i for i, key in enumerate(dsk)}
-    needed: set[Key] = set()
-    for node in dsk.values():
-        needed.update(node.dependencies)
+    deps_of: dict[Key, list[Key]] = {}
+    dependents: dict[Key, list[Key]] = {key: [] for key in dsk}
+    for key, node in dsk.items():
+        deps = [d for d in node.dependencies if d in position]
+        deps_of[key] = deps
+        for d in deps:
+            dependents[d].append(key)
+    unplaced_deps = {key: len(deps) for key, deps in deps_of.items()}
+    unplaced_dependents = {key: len(ds) for key, ds in dependents.items()}
+    rank = position.__getitem__
     out: list[Key] = []
     done: set[Key] = set()
+
+    def place(key: Key) -> None:
+        ready = [key]
+        while ready:
+            k = ready.pop()
+            if k in done:
+                continue
+            done.add(k)
+            out.append(k)
+            for d in deps_of[k]:
+                unplaced_dependents[d] -= 1
+            eager = []
+            for dependent in dependents[k]:
+                unplaced_deps[dependent] -= 1
+                if (
+                    unplaced_deps[dependent] == 0
+                    and dependent not in done
+                    and any(unplaced_dependents[d] == 1 for d in deps_of[dependent])
+                ):
+                    eager.append(dependent)
+            if eager:
+                eager.sort(key=rank, reverse=True)  # the first in key order runs first
+                ready.extend(eager)
+
     expanded: set[Key] = set()
-    rank = position.__getitem__
     for output in dsk:
-        if output in needed:
+        if dependents[output]:
             continue
         stack = [output]
         while stack:
@@ -74,15 +110,14 @@ def dependency_first(dsk: Mapping[Key, Any]) -> list[Key]:
                 stack.pop()
             elif key in expanded:
                 stack.pop()
-                done.add(key)
-                out.append(key)
+                place(key)
             else:
                 expanded.add(key)
-                deps = [d for d in dsk[key].dependencies if d in position and d not in done]
-                if deps:
+                todo = [d for d in deps_of[key] if d not in done]
+                if todo:
                     # reversed onto the stack: the first dependency is run first
-                    deps.sort(key=rank, reverse=True)
-                    stack.extend(deps)
+                    todo.sort(key=rank, reverse=True)
+                    stack.extend(todo)
     if len(out) != len(dsk):  # only a cycle leaves keys unreached
         raise ValueError("the graph has a dependency cycle")
     return out

@@ -137,3 +137,18 @@ def test_graph_scale_reduction_holds_as_little_in_either_order():
     priorities = order(dsk)
     by_dask = peak_memory(dsk, sorted(dsk, key=priorities.__getitem__))
     assert peak_memory(dsk, dependency_first(dsk)) <= by_dask
+
+
+def test_a_value_used_twice_is_consumed_as_soon_as_it_can_be():
+    # x - x.mean(axis=0): depth first alone holds nearly all of x (the mean of each
+    # column needs the whole column before any x - mean runs); running the ready
+    # dependents that release inputs keeps it near dask.order's peak.
+    from dask.order import order
+
+    x = da.random.random((24, 24), chunks=1)
+    dsk = array_graph((x - x.mean(axis=0)).sum())
+    priorities = order(dsk)
+    by_dask = peak_memory(dsk, sorted(dsk, key=priorities.__getitem__))
+    keys = dependency_first(dsk)
+    assert_topological(dsk, keys)
+    assert peak_memory(dsk, keys) <= 1.25 * by_dask

@@ -40,7 +40,9 @@ machine's load falls on both alike. Two modes:
 Where the client's time goes (shoal): simple timers in this process around dask's
 graph materialisation (``shoal.client.collections.materialize``: lowering the
 expression, materialising its graph and converting it to Dask's task spec),
-``dask.order.order`` and shoal's encoding of each task (``GraphEncoder.task_spec``);
+``dask.order.order`` (where shoal bounds it, its ``submission_order``: dask.order or the
+cheap order above ``shoal.client.order.max-tasks``) and shoal's encoding of each task
+(``GraphEncoder.task_spec``);
 "client CPU s" is this process's CPU time (all threads, including the client's event
 loop that frames and writes the messages) over the submit window. The timers cost
 well under 1 µs per task. Dask's client only builds and pickles the expression: its
@@ -180,7 +182,12 @@ class PhaseTimers:
             return out
 
         self._patch(collections, "materialize", timed_materialize)
-        self._patch(dask.order, "order", timed_order)  # submit_graph imports it per call
+        if hasattr(collections, "submission_order"):
+            # the order shoal chose: dask.order up to its bound, the cheap one above
+            order = collections.submission_order
+            self._patch(collections, "submission_order", timed_order)
+        else:
+            self._patch(dask.order, "order", timed_order)  # submit_graph imports it per call
         self._patch(GraphEncoder, "task_spec", timed_task_spec)
         return self
 

@@ -18,9 +18,9 @@ from shoal.client.dask_graph import (
     check_graph,
     cull,
     materialize,
-    topological,
 )
 from shoal.client.futures import Future
+from shoal.client.graph_order import order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -51,7 +51,6 @@ def submit_graph(
     futures of ``compute`` and ``persist`` may outlive their data's worker, and must stay
     recomputable from the graph alone."""
     import dask
-    from dask.order import order
 
     keys = list(dict.fromkeys(keys))
     shuffle_dask.install()
@@ -66,8 +65,8 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
-    priorities: dict[Any, int] = order(dsk) if dsk else {}  # type: ignore[arg-type]
-    ordered = topological(dsk, priorities)
+    encoder.start_graph()
+    ordered = submission_order(dsk, order_bound())
     # Large data nodes are placed on the workers (or found there) before the graph is
     # sent: the graph then depends on their keys like on held futures, held until sent.
     data: dict[Key, Future] = {}

@@ -26,7 +26,12 @@ from typing import Any
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
 from shoal.protocol.messages import Key, check_key
-from shoal.protocol.serialize import FunctionTable, TableFunction, dumps_task_args
+from shoal.protocol.serialize import (
+    FunctionTable,
+    TableFunction,
+    pickled_task_args,
+    plain_task_args,
+)
 
 ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers", "duration")
 
@@ -184,6 +189,14 @@ class GraphEncoder:
         # Tasks of a fused subgraph travel as (key, function, args, kwargs), their
         # functions by function-table reference.
         self._reducers: dict[type, Any] = {Task: _reduce_task}
+        self._templates: Any = None  # a graph's LayerTemplates (start_graph)
+
+    def start_graph(self) -> None:
+        """Encode the next tasks with a fresh template cache: one per graph, as its
+        objects may have changed since the last graph (see templates.py)."""
+        from shoal.client.templates import LayerTemplates
+
+        self._templates = LayerTemplates(self.functions, self.ref_types, self._reducers)
 
     def task_spec(
         self,
@@ -202,7 +215,7 @@ class GraphEncoder:
             func, args, kwargs = identity, (node.value,), {}
         elif isinstance(node, self._task):
             self._nested = False
-            args = tuple(self._arg(a) for a in node.args)
+            args = tuple([self._arg(a) for a in node.args])
             kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
             func = node.func
             if self._nested:
@@ -218,9 +231,15 @@ class GraphEncoder:
         else:
             raise TypeError(f"the graph's value for {key!r} is not a task: {node!r}")
         fid = self.functions.register(func)
-        payload, deps, funcs = dumps_task_args(
-            args, kwargs, self.ref_types, self.functions, self._reducers
-        )
+        # Templates first: their walk also finds the plain tasks, for which it gives up.
+        encoded = None
+        if self._templates is not None:
+            encoded = self._templates.encode(fid, args, kwargs)
+        if encoded is None:
+            encoded = plain_task_args(args, kwargs, self.ref_types)
+        if encoded is None:
+            encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
+        payload, deps, funcs = encoded
         return m.TaskSpec(
             key,
             fid,

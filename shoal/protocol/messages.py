@@ -178,7 +178,9 @@ from shoal.protocol.message_families.tasks import (
 #    Coordinate.names (MultiLock) and .lease_timeout.
 # 14: same-host transfers: GetData.host, DataReply.lease/lender/lent, ReturnLease,
 #    LeaseReturned.
-PROTOCOL_VERSION = 14
+# 15: task-argument payloads: msgpack extension types (tuples, numpy scalars and
+#    dtypes) and the TEMPLATE kind (a function-table template plus slot values).
+PROTOCOL_VERSION = 15
 
 AnyMessage = (
     Hello

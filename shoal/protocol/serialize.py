@@ -1,8 +1,12 @@
 """Serialisation of user objects.
 
 * Plain values (int, float, str, bytes, bool, None, and lists/dicts of them) are
-  msgpack: fast, safe, and exactly round-tripped. Tuples, sets, subclasses and
+  msgpack: fast, safe, and exactly round-tripped; in task arguments also tuples, numpy
+  scalars and dtypes (extension types, :mod:`plain_codec`). Sets, subclasses and
   anything else go through cloudpickle (protocol 5), large buffers out of band.
+* A task's arguments may also be a TEMPLATE: arguments pickled once for many tasks with
+  placeholders (sent once, in the function table), and this task's values for them
+  (``client/templates.py``).
 * Functions are serialised once, named by a content hash, and referenced from task
   payloads by that id (the *function table*); workers deserialise each id once.
 * Dependencies inside arguments (futures) become key references, resolved on the
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 import msgspec
 
+from shoal.protocol import plain_codec
 from shoal.protocol.messages import Key, Payload
 
 MSGPACK = 0
@@ -34,12 +39,14 @@ PICKLE = 1
 # from where it lies and received in place (a ``bytes`` is built by the frame decoder
 # straight from the socket). ``data`` is empty for bytes, else msgpack of the type.
 BYTES = 2
-_KEY_EXT = 1
+# Task arguments only: msgpack [template id, [slot values]]: the template (pickled
+# arguments with Slot placeholders) is a function-table entry (see Slot).
+TEMPLATE = 3
+_KEY_EXT = plain_codec.KEY_EXT
 _OOB_THRESHOLD = 64 * 1024  # buffers at least this large travel out of band
 INLINE_LIMIT = 1024  # results this small ride along with the completion message
 
 _mp_encoder = msgspec.msgpack.Encoder()
-_key_decoder = msgspec.msgpack.Decoder(Key)
 _PLAIN_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
 _BYTES_TYPES = frozenset({bytes, bytearray, memoryview})
 
@@ -49,7 +56,8 @@ class SerializationError(TypeError):
 
 
 def _plain(obj: Any, ref_types: dict[type, Callable[[Any], Key]] | None) -> bool:
-    """True when msgpack round-trips ``obj`` exactly (and every reference is known)."""
+    """True when msgpack round-trips ``obj`` exactly (and every reference is known), with
+    no extension types: a value's payload (task arguments use :mod:`plain_codec`)."""
     t = type(obj)
     if t in _PLAIN_SCALARS:
         return t is not int or -(1 << 63) <= obj < (1 << 64)
@@ -100,6 +108,14 @@ class FunctionTable:
         self._by_obj[id(func)] = (func, fid)
         return fid
 
+    def register_template(self, pickled: bytes) -> str:
+        """A task-argument template's id: it travels in the table like a function, once
+        per connection, and a worker loads it (as these bytes) once."""
+        data = pickle.dumps(pickled, protocol=5)
+        fid = function_id(data)
+        self.bytes.setdefault(fid, data)
+        return fid
+
 
 class FunctionCache:
     """Worker side: function bytes by id, deserialised once on first use."""
@@ -126,6 +142,37 @@ class FunctionCache:
 
 
 # --- task arguments -----------------------------------------------------------------
+
+
+class Slot:
+    """A placeholder in a task-argument template: the ``index``-th of the values that
+    follow the template in its payload."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def template_body(
+    body: Any,
+    ref_types: dict[type, Callable[[Any], Key]],
+    functions: FunctionTable,
+    reducers: Reducers | None = None,
+) -> TaskArgs:
+    """``body`` (``(args, kwargs)`` holding :class:`Slot` placeholders) pickled, with the
+    references and function ids the template itself holds (``payload.data`` is the
+    pickle: registered with :meth:`FunctionTable.register_template`)."""
+    deps: list[Key] = []
+    funcs: list[str] = []
+    payload, _ = _pickle(body, ref_types, functions, deps, False, funcs, reducers)
+    return TaskArgs(payload, deps, funcs)
+
+
+def template_payload(template_id: str, slots: bytes) -> bytes:
+    """A TEMPLATE payload's data: msgpack ``[template id, slot values]``, the values
+    already encoded (:func:`plain_codec.dumps` of a list)."""
+    return b"\x92" + _mp_encoder.encode(template_id) + slots
 
 
 class TableFunction:
@@ -217,6 +264,8 @@ def _pickle(
         t = type(o)
         if t in _NEVER_REFERENCED:  # most objects: answered by one set lookup
             return None
+        if t is Slot:
+            return ("s", o.index)
         if ref_types and t in ref_types:
             key = ref_types[t](o)
             if deps is not None:
@@ -294,20 +343,32 @@ def dumps_task_args(
     reducers: Reducers | None = None,
 ) -> TaskArgs:
     """Encode ``(args, kwargs)`` with the dependency keys and function ids they use."""
+    plain = plain_task_args(args, kwargs, ref_types)
+    if plain is not None:
+        return plain
+    return pickled_task_args(args, kwargs, ref_types, functions, reducers)
+
+
+def plain_task_args(
+    args: tuple, kwargs: dict, ref_types: dict[type, Callable[[Any], Key]]
+) -> TaskArgs | None:
+    """``(args, kwargs)`` as msgpack, or None when they hold something it cannot carry."""
     deps: list[Key] = []
-    body = [list(args), kwargs]
-    if _plain(body, ref_types):
+    try:
+        data = plain_codec.dumps([list(args), kwargs], ref_types, deps)
+    except plain_codec.NotPlain:
+        return None
+    return TaskArgs(Payload(MSGPACK, data), deps, [])
 
-        def enc_hook(o: Any) -> Any:
-            key = ref_types[type(o)](o)
-            deps.append(key)
-            return msgspec.msgpack.Ext(_KEY_EXT, _mp_encoder.encode(key))
 
-        try:
-            payload = Payload(MSGPACK, msgspec.msgpack.encode(body, enc_hook=enc_hook))
-            return TaskArgs(payload, deps, [])
-        except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
-            deps.clear()
+def pickled_task_args(
+    args: tuple,
+    kwargs: dict,
+    ref_types: dict[type, Callable[[Any], Key]],
+    functions: FunctionTable,
+    reducers: Reducers | None = None,
+) -> TaskArgs:
+    deps: list[Key] = []
     # The scheduler holds task payloads as one opaque piece: no out-of-band buffers.
     funcs: list[str] = []
     payload, _ = _pickle((args, kwargs), ref_types, functions, deps, False, funcs, reducers)
@@ -320,16 +381,20 @@ def loads_task_args(
     resolve_func: Callable[[str], Any],
 ) -> tuple[tuple, dict]:
     if payload.kind == MSGPACK:
-
-        def ext_hook(code: int, data: memoryview) -> Any:
-            if code != _KEY_EXT:
-                raise SerializationError(f"unknown msgpack extension {code}")
-            return resolve_key(_key_decoder.decode(data))
-
-        args, kwargs = msgspec.msgpack.decode(payload.data, ext_hook=ext_hook)
+        try:
+            args, kwargs = plain_codec.loads(payload.data, resolve_key)
+        except ValueError as e:  # an unknown extension
+            raise SerializationError(str(e)) from None
         return tuple(args), kwargs
     if payload.kind == PICKLE:
         args, kwargs = _unpickle(payload.data, [], resolve_key, resolve_func)
+        return tuple(args), kwargs
+    if payload.kind == TEMPLATE:
+        template_id, slots = plain_codec.loads(payload.data, resolve_key)
+        template = resolve_func(template_id)
+        if type(template) is not bytes:
+            raise SerializationError(f"function-table entry {template_id!r} is not a template")
+        args, kwargs = _unpickle(template, [], resolve_key, resolve_func, slots)
         return tuple(args), kwargs
     raise SerializationError(f"unknown payload kind {payload.kind}")
 
@@ -339,12 +404,15 @@ def _unpickle(
     buffers: list[memoryview],
     resolve_key: Callable[[Key], Any] | None,
     resolve_func: Callable[[str], Any] | None,
+    slots: list[Any] | None = None,
 ) -> Any:
     unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
     if resolve_key is not None:
 
         def persistent_load(pid: Any) -> Any:
             kind, ref = pid
+            if kind == "s" and slots is not None:
+                return slots[ref]
             if kind == "k":
                 return resolve_key(tuple(ref) if isinstance(ref, list) else ref)
             if kind == "f" and resolve_func is not None:

@@ -56,6 +56,14 @@ SAMPLES: dict[type[m.Message], m.Message] = {
                 duration=14400.0,
             ),
             m.TaskSpec(key="data", func="", payload=SMALL),
+            # a layer template's task: msgpack [template id, slots], the template a
+            # function-table entry named in funcs (protocol 15)
+            m.TaskSpec(
+                key=("fused", 1),
+                func="h" * 24,
+                payload=m.Payload(3, b"\x92\xb8" + b"t" * 24 + b"\x92\xa1a\x01"),
+                funcs=["t" * 24],
+            ),
         ],
         wanted=[("inc", 0)],
         functions={"f" * 24: b"\x80\x05function", "g" * 24: b"\x80\x05g"},

@@ -176,9 +176,6 @@ def test_any_values_roundtrip_exactly(args):
 # --- task arguments: the pickle path ------------------------------------------------------
 
 PICKLED_ARGS = {
-    "tuple": (1, "a"),
-    "nested-tuple": [1, (2, 3)],
-    "empty-tuple": (),
     "set": {1, 2, 3},
     "frozenset": frozenset({"a"}),
     "dataclass": Point(1, 2.5),
@@ -194,9 +191,11 @@ PICKLED_ARGS = {
     "fraction": fractions.Fraction(1, 3),
     "ordereddict": collections.OrderedDict(a=1),
     "numpy-array": np.arange(12, dtype="i2").reshape(3, 4),
-    "numpy-scalar": np.float32(1.5),
     "partial": functools.partial(int, base=2),
     "surrogate-str": "\ud800",
+    "numpy-str-scalar": np.str_("s"),
+    "structured-dtype": np.dtype([("a", "f4")]),
+    "tuple-holding-a-set": (1, {2}),
 }
 
 

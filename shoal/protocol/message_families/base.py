@@ -94,7 +94,8 @@ def check_resources(resources: Mapping[Any, Any]) -> dict[str, float]:
 
 
 class Payload(msgspec.Struct, array_like=True, gc=False, frozen=True):
-    """A serialised user object. ``kind`` is MSGPACK, PICKLE or BYTES (serialize.py);
+    """A serialised user object. ``kind`` is MSGPACK, PICKLE, BYTES or (task arguments
+    only) TEMPLATE (serialize.py);
     ``nbuffers`` out-of-band buffers follow in the frame, in message order."""
 
     kind: int

@@ -1,0 +1,207 @@
+"""Task payloads encoded once per layer: a pickled template plus per-task msgpack slots.
+
+The tasks of one Dask layer share their function and the structure of their arguments
+(a fused subgraph's inner tasks are the very same objects in every block); what
+differs are the keys, dependencies and small values. So a task's arguments are taken
+apart into
+
+* a *shape*: containers (tuple, list, dict, nested calls), ``str`` dict keys by value,
+  and every other object (functions, Dask tasks, arrays, dtypes, ...) by identity, and
+* its *slots*: the plain values in it (str, int, float, bool, None, bytes, numpy
+  scalars) and its references (dependencies, futures), in order.
+
+The first task of a shape pickles its arguments once with each slot as a placeholder:
+the template, an entry of the function table (sent to the scheduler once, loaded by a
+worker once). Every task of that shape is then the template's id and its own slots
+(msgpack, :mod:`shoal.protocol.plain_codec`): no pickling per task, and a payload of a
+few dozen bytes. The worker decodes the slots and unpickles the template with them in
+place (``serialize.TEMPLATE``): what the task's own pickle would have given.
+
+A cache lives for one graph only: its objects cannot change while the graph is encoded,
+but may between two graphs (an array mutated in place), whose identity would then
+wrongly select the old template. A graph whose tasks do not share shapes (few hits
+after many misses) turns it off; templates larger than ``MAX_TEMPLATE_BYTES`` (big
+objects in the arguments) are not made, as the function table is never pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from shoal.protocol import plain_codec
+from shoal.protocol.calls import Build, Call
+from shoal.protocol.messages import Key, Payload
+from shoal.protocol.serialize import (
+    TEMPLATE,
+    FunctionTable,
+    Reducers,
+    Slot,
+    TableFunction,
+    TaskArgs,
+    template_body,
+    template_payload,
+)
+
+MAX_TEMPLATES = 4_096  # templates per graph (each holds its objects alive)
+MAX_TEMPLATE_BYTES = 64 * 1024
+GIVE_UP_MISSES = 256  # after this many misses with fewer hits, stop trying for the graph
+
+_SLOT = 0
+_PLAIN_SLOT_TYPES = frozenset({str, bytes, bool, int, float, type(None)})
+
+
+class _Unshapeable(Exception):
+    """Arguments a template cannot reproduce exactly (a container met twice)."""
+
+
+class _Template(NamedTuple):
+    template_id: str  # its function-table id; "" when too large to be one
+    deps: tuple[Key, ...]  # references inside the template's own objects
+    funcs: list[str]  # the template's id and the function ids it holds
+    pinned: list[Any]  # the objects the shape names by identity, kept alive
+
+
+class LayerTemplates:
+    """Template encoding for the tasks of one graph."""
+
+    def __init__(
+        self,
+        functions: FunctionTable,
+        ref_types: dict[type, Callable[[Any], Key]],
+        reducers: Reducers | None = None,
+    ):
+        self.functions = functions
+        self.ref_types = ref_types
+        self.reducers = reducers
+        self._templates: dict[Any, _Template] = {}
+        self.hits = 0
+        self.misses = 0
+        self.enabled = True
+
+    def encode(self, func_id: str, args: tuple, kwargs: dict) -> TaskArgs | None:
+        """The task's arguments as a template payload, or None (encode them otherwise)."""
+        if not self.enabled:
+            return None
+        slots: list[Any] = []
+        pinned: list[Any] = []
+        seen: set[int] = set()
+        try:
+            shape = (
+                func_id,
+                self._shape(args, slots, pinned, seen),
+                self._shape(kwargs, slots, pinned, seen),
+            )
+        except _Unshapeable:
+            return None
+        if not pinned:  # only plain values: plain msgpack carries them (or pickle)
+            return None
+        template = self._templates.get(shape)
+        if template is None:
+            self.misses += 1
+            if self.misses >= GIVE_UP_MISSES and self.hits < self.misses:
+                self.enabled = False
+            if len(self._templates) >= MAX_TEMPLATES:
+                return None
+            template = self._make(args, kwargs, pinned)
+            self._templates[shape] = template
+        else:
+            self.hits += 1
+        if not template.template_id:
+            return None
+        deps = list(template.deps)
+        try:
+            slot_bytes = plain_codec.dumps(slots, self.ref_types, deps)
+        except plain_codec.NotPlain:  # e.g. an int past 64 bits
+            return None
+        data = template_payload(template.template_id, slot_bytes)
+        return TaskArgs(Payload(TEMPLATE, data), deps, template.funcs)
+
+    def _shape(self, obj: Any, slots: list[Any], pinned: list[Any], seen: set[int]) -> Any:
+        t = type(obj)
+        if t in _PLAIN_SLOT_TYPES or t in self.ref_types:
+            slots.append(obj)
+            return _SLOT
+        if t is tuple or t is list:
+            if t is list:
+                if id(obj) in seen:  # pickle would keep the two places one object
+                    raise _Unshapeable
+                seen.add(id(obj))
+            return (t, *self._items(obj, slots, pinned, seen))
+        if t is dict:
+            if id(obj) in seen:
+                raise _Unshapeable
+            seen.add(id(obj))
+            out: list[Any] = [dict]
+            for k, v in obj.items():
+                # str keys (names in a fused subgraph) are the shape's own: by value
+                out.append(k if type(k) is str else ("k", self._shape(k, slots, pinned, seen)))
+                out.append(self._shape(v, slots, pinned, seen))
+            return tuple(out)
+        if t is Call:
+            return (
+                Call,
+                self._shape(obj.func, slots, pinned, seen),
+                self._shape(obj.args, slots, pinned, seen),
+                self._shape(obj.kwargs, slots, pinned, seen),
+            )
+        if t is Build:
+            return (Build, obj.kind, self._shape(obj.items, slots, pinned, seen))
+        if t is TableFunction:
+            pinned.append(obj.func)
+            return ("f", id(obj.func))
+        if plain_codec.is_numpy_scalar(t):
+            slots.append(obj)
+            return _SLOT
+        pinned.append(obj)
+        return ("o", id(obj))
+
+    def _items(self, items: Any, slots: list[Any], pinned: list[Any], seen: set[int]) -> list:
+        """The shapes of a tuple's or list's items; slots without a call each."""
+        out = []
+        ref_types = self.ref_types
+        for x in items:
+            t = type(x)
+            if t in _PLAIN_SLOT_TYPES or t in ref_types:
+                slots.append(x)
+                out.append(_SLOT)
+            else:
+                out.append(self._shape(x, slots, pinned, seen))
+        return out
+
+    def _make(self, args: tuple, kwargs: dict, pinned: list[Any]) -> _Template:
+        counter = [0]
+        body = (self._placeholders(args, counter), self._placeholders(kwargs, counter))
+        made = template_body(body, self.ref_types, self.functions, self.reducers)
+        pickled = made.payload.data
+        if len(pickled) > MAX_TEMPLATE_BYTES:
+            return _Template("", (), [], pinned)
+        template_id = self.functions.register_template(pickled)
+        funcs = list(dict.fromkeys([template_id, *made.funcs]))
+        return _Template(template_id, tuple(made.deps), funcs, pinned)
+
+    def _placeholders(self, obj: Any, counter: list[int]) -> Any:
+        """``obj`` with every slot replaced by a :class:`Slot`, in :meth:`_shape`'s order."""
+        t = type(obj)
+        if t in _PLAIN_SLOT_TYPES or t in self.ref_types or plain_codec.is_numpy_scalar(t):
+            counter[0] += 1
+            return Slot(counter[0] - 1)
+        if t is tuple:
+            return tuple(self._placeholders(x, counter) for x in obj)
+        if t is list:
+            return [self._placeholders(x, counter) for x in obj]
+        if t is dict:
+            out = {}
+            for k, v in obj.items():
+                pk = k if type(k) is str else self._placeholders(k, counter)
+                out[pk] = self._placeholders(v, counter)
+            return out
+        if t is Call:
+            return Call(
+                self._placeholders(obj.func, counter),
+                self._placeholders(obj.args, counter),
+                self._placeholders(obj.kwargs, counter),
+            )
+        if t is Build:
+            return Build(obj.kind, self._placeholders(obj.items, counter))
+        return obj

@@ -55,7 +55,9 @@ class Releases:
     _executing: set[WTask]
     _seceded: set[WTask]
     _rejoining: dict[WTask, None]
+    _rejoined: set[WTask]
     _recent_duration: float
+    _durations_measured: bool
     _drains: dict[WTask, int]
     _interrupted: dict[WTask, int]
     _interrupt_ids: int
@@ -168,6 +170,7 @@ class Releases:
         self._executing.discard(ts)
         self._seceded.discard(ts)  # a seceded task may end without rejoining
         self._rejoining.pop(ts, None)
+        self._rejoined.discard(ts)
         if self._drains:
             self._answer_drains(ts, ev.stimulus_id)
         interrupted = self._interrupted and self._interrupted.pop(ts, None) is not None
@@ -177,8 +180,13 @@ class Releases:
                 available[resource] += need
             if not self._executing and not self._seceded and not self._rejoining:
                 self.available_resources = dict(self.total_resources)  # no drift from sums
-        # A moving average of how long tasks take here: it sets how deep to pipeline.
-        self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
+        # A moving average of how long tasks take here (from the first one): it sets how
+        # far the threads run ahead.
+        duration = ev.stop - ev.start
+        if self._durations_measured:
+            self._recent_duration += (duration - self._recent_duration) * 0.2
+        else:
+            self._recent_duration, self._durations_measured = duration, True
         if ts.state == "cancelled":
             if interrupted and (ts.resume is not None or ts.dependents):
                 self._after_interrupt(ts, ev.stimulus_id)

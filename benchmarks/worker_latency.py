@@ -24,13 +24,33 @@ def inc(x: int) -> int:
     return x + 1
 
 
+def _roles() -> dict[str, list[psutil.Process]]:
+    """The cluster's processes by role: scheduler, workers, nannies."""
+    roles: dict[str, list[psutil.Process]] = {"scheduler": [], "workers": [], "nannies": []}
+    for p in psutil.Process().children(recursive=True):
+        cmd = " ".join(p.cmdline())
+        if "shoal scheduler" in cmd:
+            roles["scheduler"].append(p)
+        elif "shoal worker" in cmd:
+            roles["nannies" if "--nanny" in cmd else "workers"].append(p)
+    return roles
+
+
+def _cpu(
+    roles: dict[str, list[psutil.Process]], since: dict[str, float] | None = None
+) -> dict[str, float]:
+    """CPU seconds used by each role (since ``since``, if given)."""
+    used = {role: sum(sum(p.cpu_times()[:2]) for p in ps) for role, ps in roles.items()}
+    return used if since is None else {role: used[role] - since[role] for role in used}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=50_000, help="tasks of client.map(inc, ...)")
     ap.add_argument("--chain", type=int, default=200, help="length of a chain of inc tasks")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--idle", type=float, default=5.0, help="seconds to sample idle CPU")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds to sample idle CPU")
     args = ap.parse_args()
 
     import shoal
@@ -41,12 +61,17 @@ def main() -> None:
         Client(cluster) as client,
     ):
         client.submit(inc, 0).result()  # warm: functions shipped, durations measured
+        procs = _roles()
         maps, chains, singles = [], [], []
+        map_cpu: dict[str, list[float]] = {role: [] for role in procs}
         for r in range(args.repeat):
+            before = _cpu(procs)
             t0 = time.perf_counter()
             futs = client.map(inc, range(args.tasks), key=[f"m{r}-{i}" for i in range(args.tasks)])
             client.gather(futs)
             maps.append(time.perf_counter() - t0)
+            for role, used in _cpu(procs, before).items():
+                map_cpu[role].append(used * 1e6 / args.tasks)
             del futs
             t0 = time.perf_counter()
             f = client.submit(inc, 0, key=f"c{r}-0")
@@ -60,12 +85,9 @@ def main() -> None:
                 client.submit(inc, i, key=f"s{r}-{i}").result()
                 singles.append(time.perf_counter() - t0)
         time.sleep(1.0)
-        pids = [p.pid for p in psutil.Process().children(recursive=True)]
-        procs = [psutil.Process(p) for p in pids]
-        before = [sum(p.cpu_times()[:2]) for p in procs]
+        before = _cpu(procs)
         time.sleep(args.idle)
-        after = [sum(p.cpu_times()[:2]) for p in procs]
-        idle_ms_per_s = [(a - b) * 1000 / args.idle for a, b in zip(after, before)]
+        idle = {role: used * 1000 / args.idle for role, used in _cpu(procs, before).items()}
     print(
         json.dumps(
             {
@@ -74,7 +96,10 @@ def main() -> None:
                 "map_tasks_per_s": round(args.tasks / statistics.median(maps)),
                 "chain_us_per_task": round(statistics.median(chains) / args.chain * 1e6),
                 "single_ms": round(statistics.median(singles) * 1e3, 3),
-                "idle_cpu_ms_per_s": sorted(round(x, 2) for x in idle_ms_per_s),
+                "map_cpu_us_per_task": {
+                    k: round(statistics.median(v), 1) for k, v in map_cpu.items()
+                },
+                "idle_cpu_ms_per_s": {k: round(v, 2) for k, v in idle.items()},
             }
         )
     )

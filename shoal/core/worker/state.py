@@ -439,10 +439,28 @@ class WorkerState(Fetching, Releases):
         if st == "flight" or self._running(ts):
             self._transition(ts, "cancelled", sid)
             return
+        if st == "memory" and not ts.dependents:
+            self._forget_result(ts, sid)
+            return
         if st != "released":
             self._transition(ts, "released", sid)
         if not ts.dependents:
             self._transition(ts, "forgotten", sid)
+
+    def _forget_result(self, ts: WTask, sid: str) -> None:
+        """``memory -> released -> forgotten`` in one step, with the same records and
+        effects as the two transitions: freeing the results of a compute is common and
+        runs on the event loop, ahead of the next compute's messages."""
+        key, record = ts.key, self._record_transition
+        record((key, "memory", "released", sid))
+        del self.data[key]
+        record((key, "released", "forgotten", sid))
+        ts.state = "forgotten"  # (a result has no dependencies, holders nor run_spec left)
+        ts.coming_from = ts.previous = None
+        del self.tasks[key]
+        moves = self._moves
+        moves["memory"] -= 1
+        moves["forgotten"] = moves.get("forgotten", 0) + 1
 
     def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
         for w in workers:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.story import InvalidTransition, Record, StoryLog
 from shoal.core.worker.events import (
     ExecuteFailure,
     ExecuteSuccess,
@@ -63,6 +63,8 @@ class Releases:
     _interrupt_ids: int
 
     _log: Callable[[tuple[Any, ...]], None]  # the story's append
+    _record_transition: Record
+    _moves: dict[str, int]
 
     if TYPE_CHECKING:
 
@@ -72,6 +74,21 @@ class Releases:
         def _handle_compute(self, ev: ComputeTask, sid: str = "") -> None: ...
         def _add_who_has(self, ts: WTask, workers: list[str]) -> None: ...
         def _lost(self, lost: list[WTask], sid: str) -> None: ...
+
+    def _forget_result(self, ts: WTask, sid: str) -> None:
+        """``memory -> released -> forgotten`` in one step, with the same records and
+        effects as the two transitions: freeing the results of a compute is common and
+        runs on the event loop, ahead of the next compute's messages."""
+        key, record = ts.key, self._record_transition
+        record((key, "memory", "released", sid))
+        del self.data[key]
+        record((key, "released", "forgotten", sid))
+        ts.state = "forgotten"  # (a result has no dependencies, holders nor run_spec left)
+        ts.coming_from = ts.previous = None
+        del self.tasks[key]
+        moves = self._moves
+        moves["memory"] -= 1
+        moves["forgotten"] = moves.get("forgotten", 0) + 1
 
     def _forget_cancelled(self, ts: WTask, sid: str) -> None:
         self._transition(ts, "released", sid)

@@ -17,7 +17,8 @@ task left after a batch is a stub a local task still depends on (the scheduler w
 it again or free the dependents).
 
 While paused (memory over the pause fraction: :class:`Pause`) the worker starts no task
-and fetches no dependency; what runs or is in flight finishes. A result that cannot be
+and fetches no dependency; what runs or is in flight finishes (as do tasks already
+handed to the threads to run ahead: see :attr:`WorkerState.execution_limit`). A result that cannot be
 pickled (to spill it or to send it: :class:`UnserializableData`) is reported to the
 scheduler, which errs its task; the worker stops wanting it and drops it once no local
 task depends on it.
@@ -446,21 +447,6 @@ class WorkerState(Fetching, Releases):
             self._transition(ts, "released", sid)
         if not ts.dependents:
             self._transition(ts, "forgotten", sid)
-
-    def _forget_result(self, ts: WTask, sid: str) -> None:
-        """``memory -> released -> forgotten`` in one step, with the same records and
-        effects as the two transitions: freeing the results of a compute is common and
-        runs on the event loop, ahead of the next compute's messages."""
-        key, record = ts.key, self._record_transition
-        record((key, "memory", "released", sid))
-        del self.data[key]
-        record((key, "released", "forgotten", sid))
-        ts.state = "forgotten"  # (a result has no dependencies, holders nor run_spec left)
-        ts.coming_from = ts.previous = None
-        del self.tasks[key]
-        moves = self._moves
-        moves["memory"] -= 1
-        moves["forgotten"] = moves.get("forgotten", 0) + 1
 
     def _add_who_has(self, ts: WTask, workers: list[str]) -> None:
         for w in workers:

@@ -67,7 +67,6 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server.actors import ActorServer
-from shoal.server.idle import Activity
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.loop_latency import LoopLatency
@@ -224,7 +223,6 @@ class Worker(WorkerTransferMixin):
         self._deferred: dict[Any, m.ComputeTask] = {}
         self.plugins = WorkerPlugins(self)  # shoal/plugins/worker.py
         self._output: OutputCollector | None = None  # task output (shoal/server/output.py)
-        self._activity = Activity(self._busy)  # periodic loops sleep longer while idle
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -429,15 +427,8 @@ class Worker(WorkerTransferMixin):
     async def _monitor_memory(self) -> None:
         assert self._memory is not None
         while not self._closed.is_set():
-            await self._activity.sleep(MONITOR_INTERVAL)
+            await asyncio.sleep(MONITOR_INTERVAL)
             self._memory.check()
-
-    def _busy(self) -> bool:
-        """A task runs (or waits for a thread) or data is on its way here."""
-        state = self.state
-        return state is not None and bool(
-            state.executing_count or state.seceded_count or state.incoming_bytes
-        )
 
     def _set_paused(self, paused: bool) -> None:
         sid = f"memory-{next(self._stimulus)}"
@@ -531,10 +522,8 @@ class Worker(WorkerTransferMixin):
                     send(inst.msg)
             elif isinstance(inst, Execute):
                 self._execute(inst.key)
-                self._activity.started()
             elif isinstance(inst, GatherDep):
                 self._spawn(self._gather(inst))
-                self._activity.started()
             elif isinstance(inst, ResumeThread):
                 with self._threads_lock:
                     event = self._rejoins.pop(inst.key, None)
@@ -789,6 +778,6 @@ class Worker(WorkerTransferMixin):
         """Send what running tasks wrote, once an interval (batched and bounded)."""
         assert self._output is not None
         while self.scheduler is not None:
-            await self._activity.sleep(OUTPUT_INTERVAL)
+            await asyncio.sleep(OUTPUT_INTERVAL)
             for msg in self._output.take(refill=True):
                 self.scheduler.send(msg)

@@ -26,6 +26,11 @@ def inc(x: int) -> int:
     return x + 1
 
 
+def nap(x: int) -> int:
+    time.sleep(0.005)  # a task of a few ms, off the CPU: what waits is the hand-off
+    return x
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", required=True, help="code tree A (a PYTHONPATH)")
@@ -44,6 +49,7 @@ def main() -> None:
     }
     cases["chain50"] = "chain"
     cases["map2000"] = "map"
+    cases["nap200"] = "nap"
     if args.only:
         cases = {k: v for k, v in cases.items() if k in args.only.split(",")}
     clusters, clients = {}, {}
@@ -68,6 +74,10 @@ def main() -> None:
             for i in range(1, 50):
                 f = client.submit(inc, f, key=f"c-{label}-{n}-{i}")
             f.result()
+        elif build == "nap":
+            client.gather(
+                client.map(nap, range(200), key=[f"n-{label}-{n}-{i}" for i in range(200)])
+            )
         elif build == "map":
             client.gather(
                 client.map(inc, range(2000), key=[f"m-{label}-{n}-{i}" for i in range(2000)])

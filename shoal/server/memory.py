@@ -15,6 +15,7 @@ Any of them may be None: that threshold is off.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -108,7 +109,32 @@ def parse_fraction(value: str | float | None) -> float | None:
 
 
 def process_memory(proc: psutil.Process | None = None) -> int:
-    return int((proc or psutil.Process()).memory_info().rss)
+    """Resident bytes of ``proc`` (this process by default)."""
+    if proc is None or proc.pid == os.getpid():
+        return _own_rss()
+    return int(proc.memory_info().rss)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_statm: tuple[int, int] | None = None  # (pid, descriptor of its /proc/<pid>/statm)
+
+
+def _own_rss() -> int:
+    """This process's resident bytes from ``/proc/self/statm`` through a descriptor kept
+    open: a few µs where ``psutil`` takes tens (it runs ten times a second on every
+    worker). Reopened after a fork; psutil where there is no ``/proc``."""
+    global _statm
+    pid = os.getpid()
+    if _statm is None or _statm[0] != pid:
+        if _statm is not None:  # the parent's, inherited through a fork: our copy
+            with contextlib.suppress(OSError):
+                os.close(_statm[1])
+            _statm = None
+        try:
+            _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC))
+        except (OSError, AttributeError):
+            return int(psutil.Process().memory_info().rss)
+    return int(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE
 
 
 class MemoryMonitor:
@@ -127,18 +153,17 @@ class MemoryMonitor:
         self.data = data
         self.set_paused = set_paused
         self.paused = False
-        self._proc = psutil.Process()
-        self.rss = process_memory(self._proc)
+        self.rss = process_memory()
 
     def check(self) -> None:
-        rss = self.rss = process_memory(self._proc)
+        rss = self.rss = process_memory()
         spill, pause = self.fractions.spill, self.fractions.pause
         lowest = min((f for f in (spill, pause) if f is not None), default=None)
         if lowest is not None and rss > lowest * self.limit:
             # Idle receive buffers kept for reuse go first: they hold no result.
             pool = process_pool()
             if pool is not None and pool.clear():
-                rss = self.rss = process_memory(self._proc)
+                rss = self.rss = process_memory()
         if spill is not None and self.data is not None and rss > spill * self.limit:
             rss = self._spill(rss)
         if pause is not None:
@@ -162,5 +187,5 @@ class MemoryMonitor:
         while rss > low * self.limit and time.monotonic() < deadline:
             if not self.data.evict():
                 break
-            rss = self.rss = process_memory(self._proc)
+            rss = self.rss = process_memory()
         return rss

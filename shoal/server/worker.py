@@ -771,6 +771,8 @@ class Worker(WorkerTransferMixin):
             self._handle(events)
             if self.lifetime.budget_spent:
                 check_budget(self)
+        if self.scheduler is not None:  # results go now, not one loop iteration later
+            self.scheduler.flush()
 
     async def _forward_output(self) -> None:
         """Send what running tasks wrote, once an interval (batched and bounded)."""

@@ -607,8 +607,11 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
             assert inst.keys and inst.worker != ME
             pending["gather"][inst.worker] = inst.keys
         elif isinstance(inst, ResumeThread):
+            # a thread, not a place in the queue of tasks run ahead, must be free for it
+            assert len(pending["execute"]) < ws.nthreads, f"{inst.key} resumed, threads busy"
             pending["rejoining"].remove(inst.key)  # its thread counts again
             pending["execute"].append(inst.key)
+            pending["resumed"].add(inst.key)
         else:
             msg = inst.msg
             if isinstance(msg, TaskFinished | TaskErred):
@@ -630,6 +633,11 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
                 assert not single or st in ("forgotten", "released", "fetch", "flight")
     assert len(pending["gather"]) <= ws.transfer_limit
     assert ws.executing_count == len(pending["execute"])
+    # The pool's threads take whatever is handed out; a rejoined task runs on a thread of
+    # its own: together never more than nthreads tasks at once.
+    resumed = [k for k in pending["execute"] if k in pending["resumed"]]
+    pool = len(pending["execute"]) - len(resumed)
+    assert not resumed or pool + len(resumed) <= ws.nthreads, "more threads than nthreads"
     assert ws.seceded_count == len(pending["seceded"]) + len(pending["rejoining"])
     # every thread still running holds its GPUs, whatever became of its task (seceded too)
     threads = pending["execute"] + pending["seceded"] + pending["rejoining"]
@@ -660,6 +668,7 @@ def test_random_interleavings_keep_the_state_valid(
         "execute": [],  # counted threads
         "seceded": [],  # threads that seceded
         "rejoining": [],  # seceded threads waiting for ResumeThread
+        "resumed": set(),  # rejoined: running on threads of their own again
         "gather": {},
         "wanted": set(),
         "asked": set(),
@@ -711,6 +720,7 @@ def test_random_interleavings_keep_the_state_valid(
             return UpdateDataEvent({key: "scattered"}, {key: 1}, sid)
         if action == "secede":
             key = pending["execute"].pop(data.draw(st.integers(0, len(pending["execute"]) - 1)))
+            pending["resumed"].discard(key)
             pending["seceded"].append(key)
             return Secede(key, sid)
         if action in ("rejoin", "seceded_ok"):
@@ -721,9 +731,11 @@ def test_random_interleavings_keep_the_state_valid(
             return Rejoin(key, sid)
         if action.startswith("exec"):
             key = pending["execute"].pop(data.draw(st.integers(0, len(pending["execute"]) - 1)))
+            pending["resumed"].discard(key)
             if action == "exec_fail":
                 return fail(key, sid)
-            took = data.draw(st.sampled_from([1.0, 1e-5]))  # short tasks get pipelined
+            # short tasks run ahead (0.01) or get pipelined (1e-5)
+            took = data.draw(st.sampled_from([1.0, 0.01, 1e-5]))
             return ExecuteSuccess(key, key, 8, None, "int", 1.0, 1.0 + took, sid)
         worker = data.draw(st.sampled_from(sorted(pending["gather"])))
         if action == "gather_fail":
@@ -744,6 +756,7 @@ def test_random_interleavings_keep_the_state_valid(
             ending = pending["execute"] + pending["seceded"]
             events: list[Any] = [ok(k, k, f"{tag}-{i}") for k in ending]
             pending["execute"], pending["seceded"] = [], []
+            pending["resumed"].clear()
             events += [answer_gather(w, f"{tag}-{i}", False, True) for w in list(pending["gather"])]
             drive(ws, events, pending)
         raise AssertionError("the state machine never settles")

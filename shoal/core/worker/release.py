@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.story import InvalidTransition, StoryLog
+from shoal.core.story import InvalidTransition, Record, StoryLog
 from shoal.core.worker.events import (
     ExecuteFailure,
     ExecuteSuccess,
@@ -55,12 +55,16 @@ class Releases:
     _executing: set[WTask]
     _seceded: set[WTask]
     _rejoining: dict[WTask, None]
+    _rejoined: set[WTask]
     _recent_duration: float
+    _durations_measured: bool
     _drains: dict[WTask, int]
     _interrupted: dict[WTask, int]
     _interrupt_ids: int
 
     _log: Callable[[tuple[Any, ...]], None]  # the story's append
+    _record_transition: Record
+    _moves: dict[str, int]
 
     if TYPE_CHECKING:
 
@@ -70,6 +74,21 @@ class Releases:
         def _handle_compute(self, ev: ComputeTask, sid: str = "") -> None: ...
         def _add_who_has(self, ts: WTask, workers: list[str]) -> None: ...
         def _lost(self, lost: list[WTask], sid: str) -> None: ...
+
+    def _forget_result(self, ts: WTask, sid: str) -> None:
+        """``memory -> released -> forgotten`` in one step, with the same records and
+        effects as the two transitions: freeing the results of a compute is common and
+        runs on the event loop, ahead of the next compute's messages."""
+        key, record = ts.key, self._record_transition
+        record((key, "memory", "released", sid))
+        del self.data[key]
+        record((key, "released", "forgotten", sid))
+        ts.state = "forgotten"  # (a result has no dependencies, holders nor run_spec left)
+        ts.coming_from = ts.previous = None
+        del self.tasks[key]
+        moves = self._moves
+        moves["memory"] -= 1
+        moves["forgotten"] = moves.get("forgotten", 0) + 1
 
     def _forget_cancelled(self, ts: WTask, sid: str) -> None:
         self._transition(ts, "released", sid)
@@ -168,6 +187,7 @@ class Releases:
         self._executing.discard(ts)
         self._seceded.discard(ts)  # a seceded task may end without rejoining
         self._rejoining.pop(ts, None)
+        self._rejoined.discard(ts)
         if self._drains:
             self._answer_drains(ts, ev.stimulus_id)
         interrupted = self._interrupted and self._interrupted.pop(ts, None) is not None
@@ -177,8 +197,13 @@ class Releases:
                 available[resource] += need
             if not self._executing and not self._seceded and not self._rejoining:
                 self.available_resources = dict(self.total_resources)  # no drift from sums
-        # A moving average of how long tasks take here: it sets how deep to pipeline.
-        self._recent_duration += (ev.stop - ev.start - self._recent_duration) * 0.2
+        # A moving average of how long tasks take here (from the first one): it sets how
+        # far the threads run ahead.
+        duration = ev.stop - ev.start
+        if self._durations_measured:
+            self._recent_duration += (duration - self._recent_duration) * 0.2
+        else:
+            self._recent_duration, self._durations_measured = duration, True
         if ts.state == "cancelled":
             if interrupted and (ts.resume is not None or ts.dependents):
                 self._after_interrupt(ts, ev.stimulus_id)

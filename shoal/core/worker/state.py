@@ -17,7 +17,8 @@ task left after a batch is a stub a local task still depends on (the scheduler w
 it again or free the dependents).
 
 While paused (memory over the pause fraction: :class:`Pause`) the worker starts no task
-and fetches no dependency; what runs or is in flight finishes. A result that cannot be
+and fetches no dependency; what runs or is in flight finishes (as do tasks already
+handed to the threads to run ahead: see :attr:`WorkerState.execution_limit`). A result that cannot be
 pickled (to spill it or to send it: :class:`UnserializableData`) is reported to the
 scheduler, which errs its task; the worker stops wanting it and drops it once no local
 task depends on it.
@@ -80,6 +81,10 @@ _UNCOUNTED = ("released", "forgotten")  # released: the rest of tasks; forgotten
 
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
 MAX_PIPELINE = 16
+# Tasks shorter than this on average: each thread has one more queued behind the one it
+# runs (a run-ahead), so that it goes on without waiting for the event loop; it costs a
+# newly arrived better task at most that long a wait.
+RUN_AHEAD_WINDOW = 0.05
 SLACK = 1e-9  # float sums of resource amounts may miss a total by rounding
 
 STATES = frozenset(
@@ -184,11 +189,15 @@ class WorkerState(Fetching, Releases):
         self.available_resources = dict(self.total_resources)  # less what executions hold
         self._ready_seq = 0
         self._n_ready = 0
-        self._recent_duration = PIPELINE_WINDOW  # until measured: no pipelining
+        self._recent_duration = PIPELINE_WINDOW
+        self._durations_measured = False  # until a task has ended: one task per thread
         self._executing: set[WTask] = set()  # Execute sent, no result yet: a busy thread
         # Running on threads of their own, not counted against the execution limit:
         self._seceded: set[WTask] = set()  # seceded (waiting on other tasks, say)
         self._rejoining: dict[WTask, None] = {}  # asked to rejoin, in order; not resumed yet
+        # Rejoined (resumed) and still running, on threads of their own besides the pool's:
+        # while there are any, nothing runs ahead (a pool thread would take it at once).
+        self._rejoined: set[WTask] = set()
         self._data_needed: dict[str, dict[WTask, None]] = {}  # peer -> its tasks in fetch
         self._has_what: dict[str, dict[WTask, None]] = {}  # peer -> tasks naming it
         self._in_flight: dict[str, list[WTask]] = {}  # peer -> the tasks of its GatherDep
@@ -431,6 +440,9 @@ class WorkerState(Fetching, Releases):
         if st == "flight" or self._running(ts):
             self._transition(ts, "cancelled", sid)
             return
+        if st == "memory" and not ts.dependents:
+            self._forget_result(ts, sid)
+            return
         if st != "released":
             self._transition(ts, "released", sid)
         if not ts.dependents:
@@ -625,6 +637,7 @@ class WorkerState(Fetching, Releases):
             start = "forgotten" if ts is None else ts.state
             raise InvalidTransition(ev.key, start, "seceded", self._story.story(ev.key))
         self._executing.discard(ts)
+        self._rejoined.discard(ts)
         self._seceded.add(ts)  # resources stay held: the thread still runs
         if self._drains:  # its thread no longer counts
             self._answer_drains(ts, ev.stimulus_id)
@@ -669,16 +682,19 @@ class WorkerState(Fetching, Releases):
     def execution_limit(self) -> int:
         """How many tasks may be handed to the threads at once.
 
-        One per thread for tasks of a few milliseconds or more. For shorter tasks each
-        thread may have a few queued behind the one it runs (about PIPELINE_WINDOW
-        seconds' worth): it then goes from one to the next without waiting for the
-        event loop, and completions reach the scheduler in batches rather than one
-        frame per task. The priority order is kept; at most that window of work runs
-        before a newly arrived higher-priority task.
+        One per thread for tasks of RUN_AHEAD_WINDOW or more, until a task has ended,
+        and while a rejoined task runs (on a thread besides the pool's). Shorter tasks run ahead: each thread has one queued behind the one it
+        runs, and goes from one to the next without waiting for the event loop (which
+        then hands it the next). For tasks under PIPELINE_WINDOW each thread may have a
+        few queued (about that window's worth), so completions reach the scheduler in
+        batches rather than one frame per task. The priority order is kept; a newly
+        arrived better task waits at most for what is queued.
         """
         d = self._recent_duration
-        if d >= PIPELINE_WINDOW:
+        if not self._durations_measured or d >= RUN_AHEAD_WINDOW or self._rejoined:
             return self.nthreads
+        if d >= PIPELINE_WINDOW:
+            return 2 * self.nthreads
         return self.nthreads * (1 + min(MAX_PIPELINE, int(PIPELINE_WINDOW / max(d, 1e-6))))
 
     def _ensure_computing(self, sid: str) -> None:
@@ -686,17 +702,21 @@ class WorkerState(Fetching, Releases):
         resources starts once they are free; the others start meanwhile (as Dask).
 
         Rejoining tasks come first, also while paused: they already run and hold their
-        memory; pausing only keeps new tasks from starting."""
-        limit = self.execution_limit
+        memory; pausing only keeps new tasks from starting. A rejoining task waits for a
+        thread, not a place in the queue (tasks run ahead of their threads): it resumes
+        once fewer than ``nthreads`` tasks are handed out, and no new task is handed out
+        while one waits, so that it waits at most for what was queued before it."""
         rejoining = self._rejoining
-        while rejoining and len(self._executing) < limit:
+        while rejoining and len(self._executing) < self.nthreads:
             ts = next(iter(rejoining))
             del rejoining[ts]
             self._executing.add(ts)
+            self._rejoined.add(ts)
             self._log((ts.key, "ResumeThread", sid))
             self._out.append(ResumeThread(ts.key, sid))
-        if self.paused:
+        if self.paused or rejoining:
             return
+        limit = self.execution_limit  # (once the rejoined are counted)
         ready, constrained = self._ready, self._constrained
         while len(self._executing) < limit:
             best = _live_top(ready)

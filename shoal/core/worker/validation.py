@@ -27,6 +27,7 @@ def validate_worker_state(state: WorkerState) -> None:
         _check(n > 0 and ts in executing, f"{ts!r}: {n} ComputeReleased owed")
     ids = list(interrupted.values())
     _check(len(set(ids)) == len(ids) and all(0 < i <= state._interrupt_ids for i in ids), "ids")
+    _check(state._rejoined <= executing, "a rejoined task not counted")
     for ts in interrupted:
         _check(ts in running_tasks, f"{ts!r} interrupted but not running")
     _check(not state._to_release, "releases left pending")
@@ -113,8 +114,8 @@ def validate_worker_state(state: WorkerState) -> None:
     startable = bool(live) or bool(entries and state._fits(min(entries)[2]))
     paused = state.paused  # a paused worker starts nothing and fetches nothing
     full = len(executing) >= state.execution_limit
-    _check(full or not rejoining, "a rejoining task waits while a slot is free")
-    _check(paused or full or not startable, "an idle thread")
+    _check(len(executing) >= state.nthreads or not rejoining, "a rejoining task waits idly")
+    _check(paused or full or rejoining or not startable, "an idle thread")
     idle = [w for w in state._data_needed if w not in state._in_flight]
     _check(
         paused

@@ -76,7 +76,7 @@ class Restrictions:
         self.loose = loose and bool(workers)  # may run elsewhere if none of them can
         self.resources = resources  # held on the worker while a task runs
         self.slotted = slotted  # waits for a free thread, in priority with root tasks
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # heap, lazily pruned
+        self.queue: list[tuple[int, TaskState]] = []  # heap, lazily pruned
         self.nqueued = 0  # tasks in state "queued" with these restrictions
 
     def matches(self, ws: WorkerRecord) -> bool:
@@ -132,7 +132,7 @@ class Placement:
         ) -> dict[TaskState, str]: ...
 
     def _init_placement(self) -> None:
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
+        self.queue: list[tuple[int, TaskState]] = []  # root tasks, lazily pruned
         self.nqueued = 0  # tasks in that queue (restricted ones wait in their Restrictions)
         self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
         # Workers that may be given new tasks: not paused, not retiring. The indexes
@@ -342,7 +342,7 @@ class Placement:
         # Fitting is monotone in the duration: a task no shorter than one that fit no
         # free worker fits none either (budgets do not depend on the duration).
         shortest_unfit = float("inf")
-        aside: list[tuple[tuple[int, ...], TaskState]] = []
+        aside: list[tuple[int, TaskState]] = []
         while queue and free and len(aside) < MAX_SET_ASIDE:
             entry = heapq.heappop(queue)
             ts = entry[1]
@@ -410,11 +410,11 @@ class Placement:
         """``ts`` enters state "queued": the root-task queue, or its restrictions' own."""
         r = ts.restrictions
         if r is None:
-            heapq.heappush(self.queue, (ts.priority, ts))
+            heapq.heappush(self.queue, (ts.rank, ts))
             self.nqueued += 1
             return
         queue = r.queue
-        heapq.heappush(queue, (ts.priority, ts))
+        heapq.heappush(queue, (ts.rank, ts))
         r.nqueued += 1
         self.nslotted += r.slotted
         if len(queue) > 2 * r.nqueued + 1024:  # drop stale entries now and then
@@ -443,16 +443,16 @@ class Placement:
         so once the best of them finds no room, the rest need not be tried."""
         self._retry_restricted = False
         root = self._root_top()
-        tops: list[tuple[tuple[int, ...], int, Restrictions]] = []
+        tops: list[tuple[int, int, Restrictions]] = []
         for i, r in enumerate(self.restricted):
             top = _live_top(r, self.parked)
             if top is not None:
-                tops.append((top.priority, i, r))
+                tops.append((top.rank, i, r))
         heapq.heapify(tops)
         while tops:
             _, i, r = tops[0]
             ts = r.queue[0][1]
-            if r.slotted and root is not None and root.priority < ts.priority:
+            if r.slotted and root is not None and root.rank < ts.rank:
                 heapq.heappop(tops)  # a root task comes first
                 continue
             ws = self._decide_worker(ts)
@@ -463,7 +463,7 @@ class Placement:
                     if top is None:
                         heapq.heappop(tops)
                     else:
-                        heapq.heapreplace(tops, (top.priority, i, r))
+                        heapq.heapreplace(tops, (top.rank, i, r))
                     continue
                 heapq.heappop(tops)
                 continue
@@ -475,7 +475,7 @@ class Placement:
             if top is None:
                 heapq.heappop(tops)
             else:
-                heapq.heapreplace(tops, (top.priority, i, r))
+                heapq.heapreplace(tops, (top.rank, i, r))
 
     def _root_top(self) -> TaskState | None:
         """The best task of the root-task queue, dropping stale entries on the way."""

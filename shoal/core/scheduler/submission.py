@@ -25,6 +25,7 @@ from shoal.core.scheduler.model import (
     WorkerRecord,
     added,
     discarded,
+    task_rank,
 )
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -86,6 +87,10 @@ class Submission:
         generation = next(self._generation)
         tasks = self.tasks
         new: list[tuple[TaskState, list[Key]]] = []
+        # Equal payloads are one object: a layer's tasks often carry the same bytes (its
+        # function and arguments, with no per-task value), ~500 bytes each. Per message,
+        # so the table never outlives the part it deduplicates.
+        payloads: dict[m.Payload, m.Payload] = {}
         for i, spec in enumerate(msg.tasks):
             key = spec.key
             ts = tasks.get(key)
@@ -99,9 +104,9 @@ class Submission:
                 ts = TaskState(
                     key,
                     _task_functions(spec, fids),
-                    spec.payload,
+                    payloads.setdefault(spec.payload, spec.payload),
                     group,
-                    (-spec.priority, generation, i),
+                    task_rank(spec.priority, generation, i),
                     spec.retries,
                 )
                 if spec.restrictions is not None:

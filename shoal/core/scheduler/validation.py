@@ -127,7 +127,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
                 ts,
             )
         # Placement runs at the end of every event: a task that could go should have.
-        best = min(queued, key=lambda t: t.priority)
+        best = min(queued, key=lambda t: t.rank)
         where = state._decide_worker(best)
         check(where is None, f"queued although {where!r} may run it", best)
     totals: dict[str, int] = {}

@@ -119,7 +119,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     check(slotted == state.nslotted, f"slotted count {state.nslotted} != {slotted}")
     for r, queued in restricted.items():
         check(r.nqueued == len(queued), f"queue count {r.nqueued} != {len(queued)} of {r}")
-        entries = {id(t) for _, t in r.queue}
+        entries = {id(t) for t in r.queue}
         for ts in queued:
             check(
                 id(ts) in entries or ts in state.parked,

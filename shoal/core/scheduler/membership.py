@@ -504,4 +504,4 @@ def _only_here(ws: WorkerRecord) -> Iterable[TaskState]:
 
 
 def _by_priority(ts: TaskState) -> Any:
-    return ts.priority
+    return ts.rank

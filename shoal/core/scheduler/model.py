@@ -290,7 +290,7 @@ class TaskState:
         "who_wants",
         "who_has",
         "processing_on",
-        "priority",
+        "rank",
         "retries",
         "nbytes",
         "estimate",
@@ -309,7 +309,7 @@ class TaskState:
         func: str | tuple[str, ...],
         payload: Payload | None,
         group: TaskGroup,
-        priority: tuple[int, ...] = (0,),
+        rank: int = 0,
         retries: int = 0,
     ):
         self.key = key
@@ -326,7 +326,7 @@ class TaskState:
         self.who_wants: Members[ClientRecord] = ()
         self.who_has: Members[WorkerRecord] = ()
         self.processing_on: WorkerRecord | None = None
-        self.priority = priority
+        self.rank = rank  # the order it runs in, smaller first: see task_rank
         self.retries = retries
         self.nbytes = 0
         self.estimate = 0.0  # the occupancy this task added to its worker
@@ -370,5 +370,33 @@ class TaskState:
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self._state}>"
 
-    def __lt__(self, other: TaskState) -> bool:  # heap tie-breaks; priorities are unique
-        return self.priority < other.priority
+    @property
+    def priority(self) -> tuple[int, int, int]:
+        """(-user priority, submission, index in it): the order workers are told."""
+        return rank_priority(self.rank)
+
+    def __lt__(self, other: TaskState) -> bool:  # heap tie-breaks; ranks are unique
+        return self.rank < other.rank
+
+
+# A task's order is one int, not a tuple of three (64 bytes less per task): the user's
+# priority above the submission's number above the task's index in it, each field in
+# its own bits, so that int order is the tuple's order.
+_INDEX_BITS = 32
+_SUBMISSION_BITS = 31  # the wire's int64 holds (submission << 32) | index
+_USER_SHIFT = _INDEX_BITS + _SUBMISSION_BITS
+
+
+def task_rank(user_priority: int, submission: int, index: int) -> int:
+    """The rank of the ``index``-th task of the ``submission``-th graph part: higher
+    user priority first, then earlier submissions, then earlier tasks in a part."""
+    if not (0 <= index < 1 << _INDEX_BITS and 0 <= submission < 1 << _SUBMISSION_BITS):
+        raise ValueError(f"task rank out of range: submission {submission}, index {index}")
+    return (-user_priority << _USER_SHIFT) | (submission << _INDEX_BITS) | index
+
+
+def rank_priority(rank: int) -> tuple[int, int, int]:
+    """The (-user priority, submission, index) tuple ``rank`` was made from."""
+    user = rank >> _USER_SHIFT
+    rest = rank & ((1 << _USER_SHIFT) - 1)
+    return (user, rest >> _INDEX_BITS, rest & ((1 << _INDEX_BITS) - 1))

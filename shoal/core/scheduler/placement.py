@@ -76,7 +76,7 @@ class Restrictions:
         self.loose = loose and bool(workers)  # may run elsewhere if none of them can
         self.resources = resources  # held on the worker while a task runs
         self.slotted = slotted  # waits for a free thread, in priority with root tasks
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # heap, lazily pruned
+        self.queue: list[TaskState] = []  # heap by rank, lazily pruned
         self.nqueued = 0  # tasks in state "queued" with these restrictions
 
     def matches(self, ws: WorkerRecord) -> bool:
@@ -132,7 +132,9 @@ class Placement:
         ) -> dict[TaskState, str]: ...
 
     def _init_placement(self) -> None:
-        self.queue: list[tuple[tuple[int, ...], TaskState]] = []  # root tasks, lazily pruned
+        # Root tasks, a heap by rank (TaskState.__lt__), lazily pruned: the tasks
+        # themselves, not (rank, task) entries, which cost 64 bytes per queued task.
+        self.queue: list[TaskState] = []
         self.nqueued = 0  # tasks in that queue (restricted ones wait in their Restrictions)
         self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
         # Workers that may be given new tasks: not paused, not retiring. The indexes
@@ -321,7 +323,7 @@ class Placement:
         free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
         heapq.heapify(free)
         while queue and free:
-            _, ts = heapq.heappop(queue)
+            ts = heapq.heappop(queue)
             if ts.state != "queued":
                 continue  # released while queued: a stale entry
             ws = heapq.heappop(free)[2]
@@ -342,10 +344,9 @@ class Placement:
         # Fitting is monotone in the duration: a task no shorter than one that fit no
         # free worker fits none either (budgets do not depend on the duration).
         shortest_unfit = float("inf")
-        aside: list[tuple[tuple[int, ...], TaskState]] = []
+        aside: list[TaskState] = []
         while queue and free and len(aside) < MAX_SET_ASIDE:
-            entry = heapq.heappop(queue)
-            ts = entry[1]
+            ts = heapq.heappop(queue)
             if ts.state != "queued" or ts in parked:
                 continue  # stale, or waiting for a worker with time (re-queued then)
             duration = self.expected_duration(ts)
@@ -363,15 +364,15 @@ class Placement:
             if ws is None:
                 shortest_unfit = min(shortest_unfit, duration)
                 if not self._park_if_unfit(ts, stimulus_id):
-                    aside.append(entry)
+                    aside.append(ts)
                 continue
             self.log.append((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
             if self._is_free(ws):
                 heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
-        for entry in aside:
-            heapq.heappush(queue, entry)
+        for ts in aside:
+            heapq.heappush(queue, ts)
 
     # ------------------------------------------------------------------ restrictions
 
@@ -410,15 +411,15 @@ class Placement:
         """``ts`` enters state "queued": the root-task queue, or its restrictions' own."""
         r = ts.restrictions
         if r is None:
-            heapq.heappush(self.queue, (ts.priority, ts))
+            heapq.heappush(self.queue, ts)
             self.nqueued += 1
             return
         queue = r.queue
-        heapq.heappush(queue, (ts.priority, ts))
+        heapq.heappush(queue, ts)
         r.nqueued += 1
         self.nslotted += r.slotted
         if len(queue) > 2 * r.nqueued + 1024:  # drop stale entries now and then
-            queue[:] = [e for e in queue if e[1].state == "queued"]
+            queue[:] = [e for e in queue if e.state == "queued"]
             heapq.heapify(queue)
         self.restricted[r] = None
         self._retry_restricted = True
@@ -443,16 +444,16 @@ class Placement:
         so once the best of them finds no room, the rest need not be tried."""
         self._retry_restricted = False
         root = self._root_top()
-        tops: list[tuple[tuple[int, ...], int, Restrictions]] = []
+        tops: list[tuple[int, int, Restrictions]] = []
         for i, r in enumerate(self.restricted):
             top = _live_top(r, self.parked)
             if top is not None:
-                tops.append((top.priority, i, r))
+                tops.append((top.rank, i, r))
         heapq.heapify(tops)
         while tops:
             _, i, r = tops[0]
-            ts = r.queue[0][1]
-            if r.slotted and root is not None and root.priority < ts.priority:
+            ts = r.queue[0]
+            if r.slotted and root is not None and root.rank < ts.rank:
                 heapq.heappop(tops)  # a root task comes first
                 continue
             ws = self._decide_worker(ts)
@@ -463,7 +464,7 @@ class Placement:
                     if top is None:
                         heapq.heappop(tops)
                     else:
-                        heapq.heapreplace(tops, (top.priority, i, r))
+                        heapq.heapreplace(tops, (top.rank, i, r))
                     continue
                 heapq.heappop(tops)
                 continue
@@ -475,20 +476,20 @@ class Placement:
             if top is None:
                 heapq.heappop(tops)
             else:
-                heapq.heapreplace(tops, (top.priority, i, r))
+                heapq.heapreplace(tops, (top.rank, i, r))
 
     def _root_top(self) -> TaskState | None:
         """The best task of the root-task queue, dropping stale entries on the way."""
         queue, parked = self.queue, self.parked
-        while queue and (queue[0][1].state != "queued" or (parked and queue[0][1] in parked)):
+        while queue and (queue[0].state != "queued" or (parked and queue[0] in parked)):
             heapq.heappop(queue)
-        return queue[0][1] if queue else None
+        return queue[0] if queue else None
 
 
 def _live_top(r: Restrictions, parked: dict[TaskState, None]) -> TaskState | None:
     """The best queued task of ``r``, dropping stale entries (and parked tasks: queued
     again when they fit a worker) on the way."""
     queue = r.queue
-    while queue and (queue[0][1].state != "queued" or (parked and queue[0][1] in parked)):
+    while queue and (queue[0].state != "queued" or (parked and queue[0] in parked)):
         heapq.heappop(queue)
-    return queue[0][1] if queue else None
+    return queue[0] if queue else None

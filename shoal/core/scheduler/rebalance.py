@@ -259,4 +259,4 @@ def _can_drop(ts: TaskState, move: Move, state: Rebalance) -> bool:
 
 
 def _by_priority(ts: TaskState) -> tuple[object, str]:
-    return (ts.priority, repr(ts.key))
+    return (ts.rank, repr(ts.key))

@@ -412,7 +412,10 @@ class SchedulerState(
         recs: Recs = {}
         waiting_on = []
         for dts in ts.dependencies:
-            dts.waiters = added(dts.waiters, ts)
+            waiters = added(dts.waiters, ts)
+            if type(waiters) is tuple and waiters == dts.dependents:
+                waiters = dts.dependents  # one tuple for both (tuples never change)
+            dts.waiters = waiters
             state = dts.state
             if state == "memory":
                 continue

@@ -111,7 +111,7 @@ class Stealing:
         threads = max(victim.slot_threads, 1)
         candidates = sorted(
             (ts for ts in victim.processing if ts not in victim.long_running),
-            key=lambda ts: ts.priority,
+            key=lambda ts: ts.rank,
             reverse=True,  # the worker runs the smallest priority first
         )[:queued]
         sent = 0

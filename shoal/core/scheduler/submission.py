@@ -25,6 +25,7 @@ from shoal.core.scheduler.model import (
     WorkerRecord,
     added,
     discarded,
+    task_rank,
 )
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -86,6 +87,13 @@ class Submission:
         generation = next(self._generation)
         tasks = self.tasks
         new: list[tuple[TaskState, list[Key]]] = []
+        # Equal payloads are one object: a layer's tasks often carry the same bytes (its
+        # function and arguments, with no per-task value), ~500 bytes each. Per message,
+        # so the table never outlives the part it deduplicates.
+        payloads: dict[m.Payload, m.Payload] = {}
+        # A layer's tasks call the same functions: resolved once per run of equal specs.
+        last_func: tuple[str, list[str]] | None = None
+        func: str | tuple[str, ...] = ""
         for i, spec in enumerate(msg.tasks):
             key = spec.key
             ts = tasks.get(key)
@@ -96,12 +104,14 @@ class Submission:
                 if type(key) is tuple and key and key[0] == group.name:
                     # The group's copy of the name, not one per key (~90 bytes each).
                     key = (group.name, *key[1:])
+                if last_func is None or spec.func != last_func[0] or spec.funcs != last_func[1]:
+                    func, last_func = _task_functions(spec, fids), (spec.func, spec.funcs)
                 ts = TaskState(
                     key,
-                    _task_functions(spec, fids),
-                    spec.payload,
+                    func,
+                    payloads.setdefault(spec.payload, spec.payload),
                     group,
-                    (-spec.priority, generation, i),
+                    task_rank(spec.priority, generation, i),
                     spec.retries,
                 )
                 if spec.restrictions is not None:
@@ -118,6 +128,7 @@ class Submission:
                     ts.restrictions = self._restrictions(spec.restrictions)
         recs: Recs = {}
         errs: Recs = {}
+        unsent_of: dict[int, list[str]] = {}  # by id of the shared function ids
         for ts, deps in new:
             missing = []
             if deps:
@@ -132,7 +143,10 @@ class Submission:
                 ts.dependencies = tuple(dict.fromkeys(found) if len(found) > 1 else found)
                 for dts in ts.dependencies:
                     dts.dependents = added(dts.dependents, ts)
-            unsent = [fid for fid in _fids_of(ts.func) if fid not in self.functions]
+            unsent = unsent_of.get(id(ts.func))
+            if unsent is None:
+                unsent = [fid for fid in _fids_of(ts.func) if fid not in self.functions]
+                unsent_of[id(ts.func)] = unsent
             if missing or unsent:
                 if missing:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
@@ -144,8 +158,11 @@ class Submission:
                 recs[ts] = "waiting"
         self._refuse_cycles([ts for ts, _ in new], recs, errs)
         if cs.partial is not None:  # the earlier parts of this graph go first
-            recs = {**cs.partial[0], **recs}
-            errs = {**cs.partial[1], **errs}
+            # Extended in place: a copy per part would be quadratic in the parts, and
+            # hold the whole graph's recommendations twice at the peak.
+            cs.partial[0].update(recs)
+            cs.partial[1].update(errs)
+            recs, errs = cs.partial
             cs.partial = None
             if not msg.more and not msg.wanted:  # the client gave up on the graph
                 self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
@@ -164,7 +181,8 @@ class Submission:
         # Errors first: a dependent's "waiting" would otherwise overwrite its dependency's
         # "erred" and run it; dependents of failed tasks then are erred, not started.
         self._transitions(errs, stimulus_id)
-        recs = {ts: finish for ts, finish in recs.items() if ts.state == "released"}
+        for ts in [ts for ts in recs if ts.state != "released"]:
+            del recs[ts]  # in place: the graph's tasks are not copied at the peak
         self._transitions(recs, stimulus_id)
 
     def _refuse_cycles(self, new: list[TaskState], recs: Recs, errs: Recs) -> None:

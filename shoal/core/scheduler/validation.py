@@ -119,7 +119,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     check(slotted == state.nslotted, f"slotted count {state.nslotted} != {slotted}")
     for r, queued in restricted.items():
         check(r.nqueued == len(queued), f"queue count {r.nqueued} != {len(queued)} of {r}")
-        entries = {id(t) for _, t in r.queue}
+        entries = {id(t) for t in r.queue}
         for ts in queued:
             check(
                 id(ts) in entries or ts in state.parked,
@@ -127,7 +127,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
                 ts,
             )
         # Placement runs at the end of every event: a task that could go should have.
-        best = min(queued, key=lambda t: t.priority)
+        best = min(queued, key=lambda t: t.rank)
         where = state._decide_worker(best)
         check(where is None, f"queued although {where!r} may run it", best)
     totals: dict[str, int] = {}

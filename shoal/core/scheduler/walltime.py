@@ -45,7 +45,7 @@ class Walltime:
 
     runnable: dict[str, WorkerRecord]
     clients: dict[str, ClientRecord]
-    queue: list[tuple[tuple[int, ...], TaskState]]
+    queue: list[TaskState]
     restricted: dict[Restrictions, None]
     wall_time: float
     _retry_restricted: bool
@@ -263,7 +263,7 @@ class Walltime:
                 continue
             self._unpark_one(ts)
             if r is None:
-                heapq.heappush(self.queue, (ts.priority, ts))
+                heapq.heappush(self.queue, ts)
             else:
-                heapq.heappush(r.queue, (ts.priority, ts))
+                heapq.heappush(r.queue, ts)
                 self._retry_restricted = True

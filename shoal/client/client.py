@@ -388,6 +388,7 @@ class Client(
             conn.send(msg)
         if released:
             conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+        conn.flush()  # now, not one more loop iteration later
 
     def _run_callback(self, fn: Callable[[Future], Any], future: Future) -> None:
         if self._callback_pool is None:
@@ -432,11 +433,8 @@ class Client(
             t = type(msg)
             if t is m.KeyInMemory:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
-                if st is not None:
-                    if msg.value is not None:  # type: ignore[attr-defined]
-                        st.finish(loads_value(msg.value), True, msg.type_name)  # type: ignore[attr-defined]
-                    else:
-                        st.finish(type_name=msg.type_name)  # type: ignore[attr-defined]
+                if st is not None:  # (an inline value is loaded by whoever gathers it)
+                    st.finish(msg.value, msg.type_name, msg.who_has)  # type: ignore[attr-defined]
             elif t is m.KeyErred:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:

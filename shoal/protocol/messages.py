@@ -178,7 +178,9 @@ from shoal.protocol.message_families.tasks import (
 #    Coordinate.names (MultiLock) and .lease_timeout.
 # 14: same-host transfers: GetData.host, DataReply.lease/lender/lent, ReturnLease,
 #    LeaseReturned.
-PROTOCOL_VERSION = 14
+# 15: results inline: ComputeTask.client_wants (the worker inlines a small result of a
+#    key a client wants), KeyInMemory.who_has (the client fetches without WhoHas).
+PROTOCOL_VERSION = 15
 
 AnyMessage = (
     Hello

@@ -149,7 +149,7 @@ def test_retries_rerun_then_err():
     # the task goes back through the queue, to the least loaded worker (ties: address)
     assert sim.to_worker(W1) == [
         FreeKeys(["a"], "f1"),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1", run_id=2),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1", run_id=2, client_wants=True),
     ]
     assert sim.state("a") == "processing" and sim.ts("a").retries == 1
     assert sim.state("b") == "waiting" and sim.to_client() == []
@@ -172,7 +172,7 @@ def test_retry_that_succeeds_feeds_the_dependents():
     sim.finish("a")
     assert sim.state("b") == "processing"
     sim.finish("b")
-    assert sim.to_client()[-1] == KeyInMemory("b", None, "int", "done-b")
+    assert sim.to_client()[-1] == KeyInMemory("b", None, "int", "done-b", [W1])
     assert sim.states() == {"a": "memory", "b": "memory"}
 
 
@@ -278,7 +278,11 @@ def test_keys_wanted_by_two_clients_survive_one_release():
     sim.submit({"a": []}, client="c1")
     sim.submit({"a": []}, client="c2")
     sim.finish("a")
-    assert sim.to_client("c1") == sim.to_client("c2") == [KeyInMemory("a", None, "int", "done-a")]
+    assert (
+        sim.to_client("c1")
+        == sim.to_client("c2")
+        == [KeyInMemory("a", None, "int", "done-a", [W1])]
+    )
     sim.clear()
     sim.release("a", client="c1")
     assert sim.state("a") == "memory" and sim.to_worker(W1) == []
@@ -313,7 +317,7 @@ def test_resubmitting_a_forgotten_key_recomputes_it():
     sim.submit({"a": []}, sid="again")
     assert sim.computes(W1) == ["a"]
     sim.finish("a")
-    assert sim.to_client() == [KeyInMemory("a", None, "int", "done-a")]
+    assert sim.to_client() == [KeyInMemory("a", None, "int", "done-a", [W1])]
 
 
 def test_wanting_a_released_dependency_recomputes_it():
@@ -325,7 +329,7 @@ def test_wanting_a_released_dependency_recomputes_it():
     sim.submit({"a": []}, sid="again")  # e.g. the client asks for the intermediate too
     assert sim.computes(W1) == ["a"]
     sim.finish("a", sid="a2")
-    assert sim.to_client() == [KeyInMemory("a", None, "int", "a2")]
+    assert sim.to_client() == [KeyInMemory("a", None, "int", "a2", [W1])]
     assert sim.states() == {"a": "memory", "b": "memory"}
 
 
@@ -336,12 +340,12 @@ def test_want_keys():
     sim.clear()
     sim.want("b", "a", "ghost", client="c2", sid="w")
     assert sim.to_client("c2") == [
-        KeyInMemory("b", None, "int", "w"),
+        KeyInMemory("b", None, "int", "w", [W1]),
         KeyCancelled("ghost", "unknown to the scheduler", "w"),
     ]
     assert sim.computes(W1) == ["a"]  # "a" was released: it is computed again
     sim.finish("a", sid="a2")
-    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "a2")]
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "a2", [W1])]
 
 
 def test_wanting_a_key_never_submitted_is_cancelled():
@@ -368,7 +372,7 @@ def test_cancel_cancels_dependents_for_that_client_only():
     assert set(sim.ts("a").who_wants) == set()
     sim.finish("a")
     sim.finish("b")
-    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "done-b")]
+    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "done-b", [W1])]
     assert sim.to_client("c1") == []
     assert sim.states() == {"a": "released", "b": "memory"}
 
@@ -397,7 +401,10 @@ def test_scatter_puts_keys_in_memory():
     sim = Sim({W1: 1, W2: 1})
     sim.scatter(W2, {"s1": 100, "s2": 50}, sid="sc")
     assert sim.states() == {"s1": "memory", "s2": "memory"}
-    assert sim.to_client() == [KeyInMemory("s1", None, "", "sc"), KeyInMemory("s2", None, "", "sc")]
+    assert sim.to_client() == [
+        KeyInMemory("s1", None, "", "sc", [W2]),
+        KeyInMemory("s2", None, "", "sc", [W2]),
+    ]
     assert sim.holds(W2) == {"s1", "s2"} and sim.ws(W2).nbytes == 150
     assert sim.s.groups["s1"].nbytes == 100
     sim.submit({"t": ["s1", "s2"]})
@@ -465,7 +472,7 @@ def test_scatter_to_a_worker_that_left_does_not_destroy_a_computed_key():
     sim.clear()
     sim.scatter("tcp://gone:1", {"a": 8}, client="c2", sid="sc")
     assert sim.state("a") == "memory"
-    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "sc")]
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "sc", [W1])]
     assert sim.to_client("c1") == [] and sim.to_worker(W1) == []
 
 

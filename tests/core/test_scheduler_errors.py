@@ -15,6 +15,7 @@ from shoal.protocol.messages import (
     KeyCancelled,
     KeyErred,
     KeyInMemory,
+    Payload,
     ReleaseCompute,
 )
 
@@ -493,3 +494,41 @@ def test_scatter_of_a_key_being_computed_frees_the_scattered_copy(state):
     sim.scatter(W2, {key: 10}, sid="sc")
     assert sim.state(key) == state
     assert sim.to_worker(W2) == [FreeKeys([key], "sc")]
+
+
+# --- results inline, holders named ----------------------------------------------------------
+
+
+def test_only_a_wanted_key_asks_its_worker_for_the_result_inline():
+    sim = Sim(clients=["c1", "c2"])
+    sim.submit({"a": [], "b": ["a"]}, wanted=["b"], client="c1")
+    (compute_a,) = [msg for msg in sim.to_worker(W1) if isinstance(msg, ComputeTask)]
+    assert compute_a.key == "a" and not compute_a.client_wants
+    sim.finish("a")
+    (compute_b,) = [msg for msg in sim.to_worker(W1) if isinstance(msg, ComputeTask)]
+    assert compute_b.key == "b" and compute_b.client_wants
+    value = Payload(1, b"\x80\x05pickled")
+    sim.finish("b", value=value)
+    assert sim.to_client("c1") == [KeyInMemory("b", value, "int", "done-b", [W1])]
+    # The scheduler forwards the value and keeps none: a client wanting the key later
+    # is told where it is, and fetches it from there.
+    sim.want("b", client="c2", sid="later")
+    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "later", [W1])]
+
+
+def test_the_holders_named_are_those_of_the_moment():
+    sim = Sim({W1: 1, W2: 1}, clients=["c1", "c2"])
+    sim.submit({"a": []}, wanted=["a"], client="c1")
+    sim.finish("a")
+    holder = next(iter(sim.s.tasks["a"].who_has)).address
+    other = W2 if holder == W1 else W1
+    sim.add_keys(other, {"a": 8})  # a replica
+    sim.clear()
+    sim.want("a", client="c2", sid="w")
+    (note,) = sim.to_client("c2")
+    assert isinstance(note, KeyInMemory) and sorted(note.who_has) == sorted([W1, W2])
+    sim.remove_worker(holder)
+    sim.clear()
+    sim.release("a", client="c2")
+    sim.want("a", client="c2", sid="w2")
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "w2", [other])]

@@ -81,22 +81,24 @@ class FutureState:
         self._wake()
 
     def set_error(self, exception: BaseException, traceback: str) -> None:
+        # (an inline value stays, unused, until the key is released or finishes again:
+        # the client counts what it holds, see Client._inline_held)
         self.exception, self.traceback = exception, traceback
-        self.inline, self.who_has = None, []
+        self.who_has = []
         self.status = "error"
         self._wake()
 
     def cancel(self, reason: str) -> None:
         if self.status in ("pending", "finished"):
             self.exception = CancelledError(f"{self.key!r}: {reason}")
-            self.inline, self.who_has = None, []
+            self.who_has = []
             self.status = "cancelled"
             self._wake()
 
     def reset(self) -> None:
         """The result was lost and is being recomputed."""
         self.status = "pending"
-        self.inline, self.who_has = None, []
+        self.who_has = []
         if self._event is not None:
             self._event.clear()
 

@@ -261,3 +261,22 @@ def child_env_with(**extra: str) -> dict[str, str]:
     env = child_env()
     env.update(extra)
     return env
+
+
+def test_the_client_holds_inline_values_up_to_a_bound(
+    two_workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shoal.client import client as client_module
+
+    s, _ = two_workers
+    monkeypatch.setattr(client_module, "INLINE_HELD_MAX", 3000)
+    with Client(s.address, timeout=30) as client:
+        futures = [client.submit(pd.Series, [float(i)] * 100) for i in range(4)]
+        values = client.gather(futures)
+        assert [v.tolist() for v in values] == [[float(i)] * 100 for i in range(4)]
+        held = [client._states[f.key].inline for f in futures]
+        sizes = [len(p.data) for p in held if p is not None]
+        assert 0 < len(sizes) < 4 and sum(sizes) == client._inline_held <= 3000
+        assert [f.result().tolist() for f in futures] == [[float(i)] * 100 for i in range(4)]
+        del futures, values
+        wait_for(lambda: client._inline_held == 0, 10, "released values to be counted out")

@@ -65,6 +65,9 @@ _LATE_REPLIES = (
     *(m.RebalanceReply, m.HasWhatReply),
 )
 T = TypeVar("T")
+# Inline results a client holds at most, in all (each at most the workers' limit,
+# shoal.worker.inline-results-bytes); past this, results are fetched when gathered.
+INLINE_HELD_MAX = 256 * 2**20
 # Clients of this process that may be connected: closed at exit before the clusters
 # (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -160,6 +163,7 @@ class Client(
         self._states: dict[Key, FutureState] = {}
         self._refs: dict[Key, int] = {}
         self._refs_lock = threading.Lock()
+        self._inline_held = 0  # bytes of inline values the futures' states hold
         self._cancels = 0  # cancel calls so far; the n-th one's stimulus_id is "cancel-n-..."
         self._outbox: deque[m.Message] = deque()
         self._outbox_lock = threading.Lock()
@@ -392,6 +396,7 @@ class Client(
             conn.send(msg)
         if released:
             conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+        conn.flush()  # now, not one more loop iteration later
 
     def _run_callback(self, fn: Callable[[Future], Any], future: Future) -> None:
         if self._callback_pool is None:
@@ -424,9 +429,25 @@ class Client(
                 self._refs[key] = n
                 return
             self._refs.pop(key, None)
-            self._states.pop(key, None)
+            st = self._states.pop(key, None)
+            if st is not None and st.inline is not None:
+                self._inline_held -= len(st.inline.data)
         if self.status == "running":
             self._send(m.ReleaseKeys([key]))
+
+    def _keep_inline(self, st: FutureState, value: m.Payload | None) -> m.Payload | None:
+        """The inline value to keep for ``st`` (replacing its old one): None past
+        INLINE_HELD_MAX bytes held in all, the value is then fetched from its holder."""
+        with self._refs_lock:  # (_release counts it out under the same lock)
+            if self._states.get(st.key) is not st:
+                return None  # released just now: nothing to keep
+            old = st.inline
+            held = self._inline_held - (len(old.data) if old is not None else 0)
+            if value is not None and held + len(value.data) > INLINE_HELD_MAX:
+                value = None
+            self._inline_held = held + (len(value.data) if value is not None else 0)
+            st.inline = value
+            return value
 
     # ---------------------------------------------------------------- messages in
 
@@ -436,11 +457,9 @@ class Client(
             t = type(msg)
             if t is m.KeyInMemory:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
-                if st is not None:
-                    if msg.value is not None:  # type: ignore[attr-defined]
-                        st.finish(loads_value(msg.value), True, msg.type_name)  # type: ignore[attr-defined]
-                    else:
-                        st.finish(type_name=msg.type_name)  # type: ignore[attr-defined]
+                if st is not None:  # (an inline value is loaded by whoever gathers it)
+                    value = self._keep_inline(st, msg.value)  # type: ignore[attr-defined]
+                    st.finish(value, msg.type_name, msg.who_has)  # type: ignore[attr-defined]
             elif t is m.KeyErred:
                 st = states.get(msg.key)  # type: ignore[attr-defined]
                 if st is not None:

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from shoal.protocol.messages import Key
+from shoal.protocol.messages import Key, Payload
+from shoal.protocol.serialize import loads_value
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -29,8 +30,8 @@ class FutureState:
     __slots__ = (
         "key",
         "status",
-        "value",
-        "has_value",
+        "inline",
+        "who_has",
         "exception",
         "traceback",
         "type_name",
@@ -44,8 +45,10 @@ class FutureState:
         self.key = key
         self.born = born  # the client's count of cancel calls when this state was made
         self.status = "pending"  # pending | finished | error | cancelled
-        self.value: Any = None
-        self.has_value = False  # the value came inline with the completion
+        # The serialised value, when it came inline with the completion: loaded anew at
+        # every result()/gather, so each caller gets an object of its own (as fetched).
+        self.inline: Payload | None = None
+        self.who_has: list[str] = []  # its holders, as the completion notice said
         self.exception: BaseException | None = None
         self.traceback = ""
         self.type_name = ""
@@ -70,27 +73,32 @@ class FutureState:
         for cb in callbacks:
             cb()
 
-    def finish(self, value: Any = None, has_value: bool = False, type_name: str = "") -> None:
-        self.value, self.has_value, self.type_name = value, has_value, type_name
+    def finish(
+        self, inline: Payload | None = None, type_name: str = "", who_has: list[str] | None = None
+    ) -> None:
+        self.inline, self.type_name, self.who_has = inline, type_name, who_has or []
         self.status = "finished"
         self._wake()
 
     def set_error(self, exception: BaseException, traceback: str) -> None:
+        # (an inline value stays, unused, until the key is released or finishes again:
+        # the client counts what it holds, see Client._inline_held)
         self.exception, self.traceback = exception, traceback
+        self.who_has = []
         self.status = "error"
         self._wake()
 
     def cancel(self, reason: str) -> None:
         if self.status in ("pending", "finished"):
             self.exception = CancelledError(f"{self.key!r}: {reason}")
-            self.value, self.has_value = None, False
+            self.who_has = []
             self.status = "cancelled"
             self._wake()
 
     def reset(self) -> None:
         """The result was lost and is being recomputed."""
         self.status = "pending"
-        self.value, self.has_value = None, False
+        self.who_has = []
         if self._event is not None:
             self._event.clear()
 
@@ -108,6 +116,20 @@ class FutureState:
             await w
 
     # --- called from any thread -----------------------------------------------------
+
+    def inline_value(self) -> tuple[bool, Any]:
+        """``(True, value)`` from a fresh load of the inline value of a finished state,
+        else ``(False, None)`` (not finished, not inline, or it does not load here: the
+        loop's gather then fetches or reports it). Safe from any thread without a lock:
+        ``inline`` is read before ``status``, so a payload used here was this key's at
+        some moment its state said "finished" (any such payload is its value)."""
+        inline = self.inline
+        if inline is None or self.status != "finished":
+            return False, None
+        try:
+            return True, loads_value(inline)
+        except Exception:
+            return False, None
 
     def wait_sync(self, timeout: float | None) -> bool:
         if self.done():
@@ -147,9 +169,8 @@ class Future:
         st = self._state
         if not st.wait_sync(timeout):
             raise TimeoutError(f"{self.key!r} not done within {timeout}s")
-        if st.status == "finished" and st.has_value:
-            value = st.value
-        else:
+        found, value = st.inline_value()  # no trip through the client's loop
+        if not found:
             value = self.client._sync(self._result_async(timeout))
         self.client._output.reraise([self.key], self.client._states)  # the task's warnings
         return value

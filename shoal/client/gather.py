@@ -20,7 +20,7 @@ from shoal.comm.pool import ConnectionPool
 from shoal.comm.same_host import fetch_data
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key, check_key
-from shoal.protocol.serialize import SerializationError, dumps_value, loads_values
+from shoal.protocol.serialize import SerializationError, dumps_value, loads_value, loads_values
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -51,6 +51,13 @@ class GatherMixin:
         """The results of (a structure of lists, tuples and dicts of) futures."""
         found: list[Future] = []
         _collect(futures, found)
+        if not self.asynchronous:
+            # From a plain thread: wait on the futures' own events and take inline values
+            # here; the loop only when something must be fetched (or raised).
+            by_key = _inline_values(found)
+            if by_key is not None:
+                self._output.reraise([f.key for f in found], self._states)
+                return _rebuild(futures, by_key)
         coro = self._gather_structure(futures, found, errors)
         if self.asynchronous:
             return coro
@@ -104,10 +111,17 @@ class GatherMixin:
             for f in futures:
                 st = f._state
                 if st.status == "finished" and f.key not in values:
-                    if st.has_value:
-                        values[f.key] = st.value
-                    else:
+                    inline = st.inline
+                    if inline is None:
                         need.append(st)
+                        continue
+                    try:
+                        values[f.key] = loads_value(inline)  # a fresh object each gather
+                    except Exception as e:  # for good, as a fetched value that does not load
+                        e.add_note(f"raised loading the inline result of {f.key!r}")
+                        st.set_error(e, "")
+                        if errors == "raise":
+                            raise
             lost = await self._fetch(need, values)
             for st in need:
                 if st.status == "error" and errors == "raise":
@@ -126,12 +140,17 @@ class GatherMixin:
         if not states:
             return []
         assert self._conn is not None
-        keys = list({st.key: None for st in states})
-        reply, _ = await self._conn.request(lambda rid: m.WhoHasRequest(rid, keys))
-        assert isinstance(reply, m.WhoHasReply)
+        # Holders named by the completion notice need no WhoHas (a stale one answers
+        # "missing", and the key is asked for again, as one with no holder).
+        who_has = {st.key: st.who_has for st in states if st.who_has}
+        ask = list({st.key: None for st in states if st.key not in who_has})
+        if ask:
+            reply, _ = await self._conn.request(lambda rid: m.WhoHasRequest(rid, ask))
+            assert isinstance(reply, m.WhoHasReply)
+            who_has.update(reply.who_has)
         by_worker: dict[str, list[Key]] = {}
         lost_keys = set()
-        for key, workers in reply.who_has:
+        for key, workers in who_has.items():
             if workers:
                 by_worker.setdefault(workers[hash(key) % len(workers)], []).append(key)
             else:
@@ -267,6 +286,20 @@ def _connection_failure(exc: BaseException) -> bool:
 
 def _update_data(request_id: int, keys: list[Key], payloads: list[m.Payload]) -> m.Message:
     return m.UpdateData(request_id, keys, payloads)
+
+
+def _inline_values(futures: list[Future]) -> dict[Key, Any] | None:
+    """Values by key when every future finished with an inline value (waiting for
+    each), freshly loaded; None as soon as one did not (erred, cancelled, or fetched)."""
+    values: dict[Key, Any] = {}
+    for f in futures:
+        st = f._state
+        st.wait_sync(None)
+        found, value = st.inline_value()
+        if not found:
+            return None
+        values[f.key] = value
+    return values
 
 
 def _collect(obj: Any, out: list[Future]) -> None:

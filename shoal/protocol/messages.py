@@ -180,7 +180,9 @@ from shoal.protocol.message_families.tasks import (
 #    LeaseReturned.
 # 15: task-argument payloads: msgpack extension types (tuples, numpy scalars and
 #    dtypes) and the TEMPLATE kind (a function-table template plus slot values).
-PROTOCOL_VERSION = 15
+# 16: results inline: ComputeTask.client_wants (the worker inlines a small result of a
+#    key a client wants), KeyInMemory.who_has (the client fetches without WhoHas).
+PROTOCOL_VERSION = 16
 
 AnyMessage = (
     Hello

@@ -525,6 +525,55 @@ def dumps_inline(obj: Any) -> Payload | None:
     return None
 
 
+class _TooLarge(Exception):
+    pass
+
+
+class _BoundedWriter:
+    """A pickle's file that gives up past ``limit`` bytes: pickling a large value to
+    find that it is too large to inline costs about ``limit`` bytes of work, not its
+    size (protocol 5 writes in frames of at most 64 KiB)."""
+
+    __slots__ = ("parts", "size", "limit")
+
+    def __init__(self, limit: int):
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.limit = limit
+
+    def write(self, data: Any) -> int:
+        n = len(data)
+        self.size += n
+        if self.size > self.limit:
+            raise _TooLarge
+        self.parts.append(bytes(data))
+        return n
+
+
+def dumps_result_inline(obj: Any, limit: int, nbytes: int) -> Payload | None:
+    """A payload (no out-of-band buffers) for a result a client wants: plain values as
+    :func:`dumps_inline`, anything else pickled when that takes at most ``limit``
+    bytes; None when it is larger or does not pickle (the client then fetches it, and
+    the fetch reports why it cannot be sent). ``nbytes``, the :func:`sizeof` estimate,
+    skips the attempt for values far too large."""
+    plain = dumps_inline(obj)
+    if plain is not None or limit <= 0 or nbytes > 2 * limit:
+        return plain
+    # The C pickler first (several times faster to set up than cloudpickle's); what it
+    # cannot pickle by reference (a function or class defined in a task) goes to
+    # cloudpickle, as in dumps_value.
+    for pickler in (pickle.Pickler, cloudpickle.CloudPickler):
+        writer = _BoundedWriter(limit)
+        try:
+            pickler(writer, protocol=5).dump(obj)
+        except _TooLarge:
+            return None
+        except Exception:  # does not pickle by reference, or at all
+            continue
+        return Payload(PICKLE, b"".join(writer.parts))
+    return None
+
+
 def dumps_exception(exc: BaseException) -> Payload:
     try:
         data = cloudpickle.dumps(exc, protocol=5)

@@ -62,11 +62,11 @@ from shoal.protocol.serialize import (
     MSGPACK,
     FunctionCache,
     dumps_exception,
-    dumps_inline,
     loads_task_args,
     sizeof,
 )
 from shoal.server.actors import ActorServer
+from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.loop_latency import LoopLatency
@@ -203,6 +203,7 @@ class Worker(WorkerTransferMixin):
         self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload, list[bool]] | None] = (
             queue.SimpleQueue()
         )
+        self._inline_results = InlineResults()  # small results of wanted keys: inline
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # seceding tasks add threads
         self._thread_numbers = itertools.count()
@@ -467,6 +468,7 @@ class Worker(WorkerTransferMixin):
                     events = []
                 self._compute_shuffle_task(msg)
             elif type(msg) in _SCHEDULER_EVENTS:
+                self._inline_results.note(msg)
                 if self._deferred and type(msg) in _TAKE_BACK:
                     self._undefer(msg)
                 events.append(msg)
@@ -721,11 +723,12 @@ class Worker(WorkerTransferMixin):
                     coroutines.append(asyncio.Runner())
                 value = coroutines[0].run(value)
             stop = time.time()
+            nbytes = sizeof(value)
             return ExecuteSuccess(
                 key=key,
                 value=value,
-                nbytes=sizeof(value),
-                inline=dumps_inline(value),
+                nbytes=nbytes,
+                inline=self._inline_results.dumps(key, value, nbytes),
                 type_name=type(value).__name__,
                 start=start,
                 stop=stop,

@@ -42,12 +42,12 @@ def test_root_task_released_waiting_queued_processing_memory():
     assert sim.states() == {"a": "processing"}
     assert sim.to_worker(W1) == [
         FunctionDefs(FUNCS),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "submit", run_id=1),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "submit", run_id=1, client_wants=True),
     ]
     assert sim.to_client() == []
     sim.finish("a", nbytes=16, value=Payload(0, b"\x01"))
     assert sim.states() == {"a": "memory"}
-    assert sim.to_client() == [KeyInMemory("a", Payload(0, b"\x01"), "int", "done-a")]
+    assert sim.to_client() == [KeyInMemory("a", Payload(0, b"\x01"), "int", "done-a", [W1])]
     assert sim.to_worker(W1) == []
     assert story(sim, "a") == [
         ("released", "waiting", "submit"),
@@ -71,14 +71,23 @@ def test_dependent_goes_waiting_to_processing_with_dep_info():
     sim.finish("a", nbytes=100)
     assert sim.states() == {"a": "memory", "b": "processing"}
     assert sim.to_worker(W1) == [
-        ComputeTask("b", "f", ARGS, (0, 0, 1), [DepInfo("a", 100, [W1])], "done-a", run_id=1)
+        ComputeTask(
+            "b",
+            "f",
+            ARGS,
+            (0, 0, 1),
+            [DepInfo("a", 100, [W1])],
+            "done-a",
+            run_id=1,
+            client_wants=True,
+        )
     ]
     assert sim.to_client() == []  # nobody wants "a"
     # b done: "a" has no waiter and no client left, so its holder frees it
     sim.finish("b")
     assert sim.states() == {"a": "released", "b": "memory"}
     assert sim.to_worker(W1) == [FreeKeys(["a"], "done-b")]
-    assert sim.to_client() == [KeyInMemory("b", None, "int", "done-b")]
+    assert sim.to_client() == [KeyInMemory("b", None, "int", "done-b", [W1])]
     assert story(sim, "b") == [
         ("released", "waiting", "submit"),
         ("waiting", "processing", "done-a"),
@@ -96,7 +105,16 @@ def test_a_dependency_named_twice_is_one_dependency():
     sim.clear()
     sim.finish("a", nbytes=100)
     assert sim.to_worker(W1) == [
-        ComputeTask("b", "f", ARGS, (0, 0, 1), [DepInfo("a", 100, [W1])], "done-a", run_id=1)
+        ComputeTask(
+            "b",
+            "f",
+            ARGS,
+            (0, 0, 1),
+            [DepInfo("a", 100, [W1])],
+            "done-a",
+            run_id=1,
+            client_wants=True,
+        )
     ]
     sim.finish("b")
     assert sim.states() == {"a": "released", "b": "memory"}
@@ -422,9 +440,20 @@ def test_function_defs_sent_once_per_worker_per_function():
     for worker, (first, second) in [(W1, "ac"), (W2, "bd")]:
         assert sim.to_worker(worker) == [
             FunctionDefs({"f": b"F"}),
-            ComputeTask(first, "f", ARGS, sim.ts(first).priority, [], "submit", run_id=1),
+            ComputeTask(
+                first, "f", ARGS, sim.ts(first).priority, [], "submit", run_id=1, client_wants=True
+            ),
             FunctionDefs({"g": b"G"}),
-            ComputeTask(second, "g", ARGS, sim.ts(second).priority, [], "submit", run_id=1),
+            ComputeTask(
+                second,
+                "g",
+                ARGS,
+                sim.ts(second).priority,
+                [],
+                "submit",
+                run_id=1,
+                client_wants=True,
+            ),
         ]
     # known functions need not be sent again by the client, nor by the scheduler
     sim.submit({"e": [], "e2": []}, func={"e2": "g"}, functions={})

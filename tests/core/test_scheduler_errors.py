@@ -15,6 +15,7 @@ from shoal.protocol.messages import (
     KeyCancelled,
     KeyErred,
     KeyInMemory,
+    Payload,
     ReleaseCompute,
 )
 
@@ -149,7 +150,7 @@ def test_retries_rerun_then_err():
     # the task goes back through the queue, to the least loaded worker (ties: address)
     assert sim.to_worker(W1) == [
         FreeKeys(["a"], "f1"),
-        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1", run_id=2),
+        ComputeTask("a", "f", ARGS, (0, 0, 0), [], "f1", run_id=2, client_wants=True),
     ]
     assert sim.state("a") == "processing" and sim.ts("a").retries == 1
     assert sim.state("b") == "waiting" and sim.to_client() == []
@@ -172,7 +173,7 @@ def test_retry_that_succeeds_feeds_the_dependents():
     sim.finish("a")
     assert sim.state("b") == "processing"
     sim.finish("b")
-    assert sim.to_client()[-1] == KeyInMemory("b", None, "int", "done-b")
+    assert sim.to_client()[-1] == KeyInMemory("b", None, "int", "done-b", [W1])
     assert sim.states() == {"a": "memory", "b": "memory"}
 
 
@@ -278,7 +279,11 @@ def test_keys_wanted_by_two_clients_survive_one_release():
     sim.submit({"a": []}, client="c1")
     sim.submit({"a": []}, client="c2")
     sim.finish("a")
-    assert sim.to_client("c1") == sim.to_client("c2") == [KeyInMemory("a", None, "int", "done-a")]
+    assert (
+        sim.to_client("c1")
+        == sim.to_client("c2")
+        == [KeyInMemory("a", None, "int", "done-a", [W1])]
+    )
     sim.clear()
     sim.release("a", client="c1")
     assert sim.state("a") == "memory" and sim.to_worker(W1) == []
@@ -313,7 +318,7 @@ def test_resubmitting_a_forgotten_key_recomputes_it():
     sim.submit({"a": []}, sid="again")
     assert sim.computes(W1) == ["a"]
     sim.finish("a")
-    assert sim.to_client() == [KeyInMemory("a", None, "int", "done-a")]
+    assert sim.to_client() == [KeyInMemory("a", None, "int", "done-a", [W1])]
 
 
 def test_wanting_a_released_dependency_recomputes_it():
@@ -325,7 +330,7 @@ def test_wanting_a_released_dependency_recomputes_it():
     sim.submit({"a": []}, sid="again")  # e.g. the client asks for the intermediate too
     assert sim.computes(W1) == ["a"]
     sim.finish("a", sid="a2")
-    assert sim.to_client() == [KeyInMemory("a", None, "int", "a2")]
+    assert sim.to_client() == [KeyInMemory("a", None, "int", "a2", [W1])]
     assert sim.states() == {"a": "memory", "b": "memory"}
 
 
@@ -336,12 +341,12 @@ def test_want_keys():
     sim.clear()
     sim.want("b", "a", "ghost", client="c2", sid="w")
     assert sim.to_client("c2") == [
-        KeyInMemory("b", None, "int", "w"),
+        KeyInMemory("b", None, "int", "w", [W1]),
         KeyCancelled("ghost", "unknown to the scheduler", "w"),
     ]
     assert sim.computes(W1) == ["a"]  # "a" was released: it is computed again
     sim.finish("a", sid="a2")
-    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "a2")]
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "a2", [W1])]
 
 
 def test_wanting_a_key_never_submitted_is_cancelled():
@@ -368,7 +373,7 @@ def test_cancel_cancels_dependents_for_that_client_only():
     assert set(sim.ts("a").who_wants) == set()
     sim.finish("a")
     sim.finish("b")
-    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "done-b")]
+    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "done-b", [W1])]
     assert sim.to_client("c1") == []
     assert sim.states() == {"a": "released", "b": "memory"}
 
@@ -397,7 +402,10 @@ def test_scatter_puts_keys_in_memory():
     sim = Sim({W1: 1, W2: 1})
     sim.scatter(W2, {"s1": 100, "s2": 50}, sid="sc")
     assert sim.states() == {"s1": "memory", "s2": "memory"}
-    assert sim.to_client() == [KeyInMemory("s1", None, "", "sc"), KeyInMemory("s2", None, "", "sc")]
+    assert sim.to_client() == [
+        KeyInMemory("s1", None, "", "sc", [W2]),
+        KeyInMemory("s2", None, "", "sc", [W2]),
+    ]
     assert sim.holds(W2) == {"s1", "s2"} and sim.ws(W2).nbytes == 150
     assert sim.s.groups["s1"].nbytes == 100
     sim.submit({"t": ["s1", "s2"]})
@@ -465,7 +473,7 @@ def test_scatter_to_a_worker_that_left_does_not_destroy_a_computed_key():
     sim.clear()
     sim.scatter("tcp://gone:1", {"a": 8}, client="c2", sid="sc")
     assert sim.state("a") == "memory"
-    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "sc")]
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "sc", [W1])]
     assert sim.to_client("c1") == [] and sim.to_worker(W1) == []
 
 
@@ -486,3 +494,41 @@ def test_scatter_of_a_key_being_computed_frees_the_scattered_copy(state):
     sim.scatter(W2, {key: 10}, sid="sc")
     assert sim.state(key) == state
     assert sim.to_worker(W2) == [FreeKeys([key], "sc")]
+
+
+# --- results inline, holders named ----------------------------------------------------------
+
+
+def test_only_a_wanted_key_asks_its_worker_for_the_result_inline():
+    sim = Sim(clients=["c1", "c2"])
+    sim.submit({"a": [], "b": ["a"]}, wanted=["b"], client="c1")
+    (compute_a,) = [msg for msg in sim.to_worker(W1) if isinstance(msg, ComputeTask)]
+    assert compute_a.key == "a" and not compute_a.client_wants
+    sim.finish("a")
+    (compute_b,) = [msg for msg in sim.to_worker(W1) if isinstance(msg, ComputeTask)]
+    assert compute_b.key == "b" and compute_b.client_wants
+    value = Payload(1, b"\x80\x05pickled")
+    sim.finish("b", value=value)
+    assert sim.to_client("c1") == [KeyInMemory("b", value, "int", "done-b", [W1])]
+    # The scheduler forwards the value and keeps none: a client wanting the key later
+    # is told where it is, and fetches it from there.
+    sim.want("b", client="c2", sid="later")
+    assert sim.to_client("c2") == [KeyInMemory("b", None, "int", "later", [W1])]
+
+
+def test_the_holders_named_are_those_of_the_moment():
+    sim = Sim({W1: 1, W2: 1}, clients=["c1", "c2"])
+    sim.submit({"a": []}, wanted=["a"], client="c1")
+    sim.finish("a")
+    holder = next(iter(sim.s.tasks["a"].who_has)).address
+    other = W2 if holder == W1 else W1
+    sim.add_keys(other, {"a": 8})  # a replica
+    sim.clear()
+    sim.want("a", client="c2", sid="w")
+    (note,) = sim.to_client("c2")
+    assert isinstance(note, KeyInMemory) and sorted(note.who_has) == sorted([W1, W2])
+    sim.remove_worker(holder)
+    sim.clear()
+    sim.release("a", client="c2")
+    sim.want("a", client="c2", sid="w2")
+    assert sim.to_client("c2") == [KeyInMemory("a", None, "int", "w2", [other])]

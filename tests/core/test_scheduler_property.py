@@ -160,6 +160,10 @@ class Run:
                     for dep in msg.deps:
                         assert dep.who_has, f"{msg.key} sent with {dep.key} held nowhere"
                     self.check_placement(msg, address)
+                    # a result is inlined only for a key a client wants (one wanting it
+                    # later than this is told its holders instead)
+                    if msg.client_wants:
+                        assert any(msg.key in w for w in self.wants.values()), msg
                     model.running.add(msg.key)
                 elif isinstance(msg, ReleaseCompute):
                     assert msg.key in model.running, msg  # only what it runs
@@ -191,6 +195,10 @@ class Run:
                     continue
                 assert isinstance(msg, KeyInMemory | KeyErred), msg
                 assert cs is not None and msg.key in {ts.key for ts in cs.wants}
+                if isinstance(msg, KeyInMemory):  # the client fetches from these alone
+                    assert msg.who_has, msg
+                    for w in msg.who_has:
+                        assert w in self.models and msg.key in self.models[w].data, (msg, w)
                 if isinstance(msg, KeyErred):
                     blamed = msg.key if msg.blamed is None else msg.blamed
                     assert blamed in self.failed and msg.exception == EXC

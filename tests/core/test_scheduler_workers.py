@@ -73,7 +73,16 @@ def test_a_dependent_running_on_a_removed_worker_goes_to_another():
     sim.remove_worker(where, sid="gone")
     assert sim.worker_of("c") == other
     assert sim.to_worker(other) == [
-        ComputeTask("c", "f", ARGS, sim.ts("c").priority, [DepInfo("a", 10, [other])], "gone", run_id=2)
+        ComputeTask(
+            "c",
+            "f",
+            ARGS,
+            sim.ts("c").priority,
+            [DepInfo("a", 10, [other])],
+            "gone",
+            run_id=2,
+            client_wants=True,
+        )
     ]
 
 
@@ -130,7 +139,16 @@ def test_removing_the_holder_of_a_dependency_restarts_its_running_dependent():
     sim.finish("a", sid="a2")
     # not queued: a task with dependencies goes where they are, at once
     assert sim.to_worker(W2) == [
-        ComputeTask("b", "f", ARGS, sim.ts("b").priority, [DepInfo("a", 8, [W2])], "a2", run_id=2)
+        ComputeTask(
+            "b",
+            "f",
+            ARGS,
+            sim.ts("b").priority,
+            [DepInfo("a", 8, [W2])],
+            "a2",
+            run_id=2,
+            client_wants=True,
+        )
     ]
 
 
@@ -150,8 +168,12 @@ def test_chains_lost_with_a_worker_are_recomputed_from_the_bottom():
     sim.remove_worker(W1, sid="gone")
     assert sim.to_worker(W2) == [
         FunctionDefs(FUNCS),  # W2's first task
-        ComputeTask("a-0", "f", ARGS, sim.ts("a-0").priority, [], "gone", run_id=2),
-        ComputeTask("a-1", "f", ARGS, sim.ts("a-1").priority, [], "gone", run_id=2),
+        ComputeTask(
+            "a-0", "f", ARGS, sim.ts("a-0").priority, [], "gone", run_id=2, client_wants=True
+        ),
+        ComputeTask(
+            "a-1", "f", ARGS, sim.ts("a-1").priority, [], "gone", run_id=2, client_wants=True
+        ),
     ]
     for i in range(chains):
         assert sim.state(f"b-{i}") == "waiting"
@@ -190,14 +212,23 @@ def test_missing_data_recomputes_the_dependency_then_reruns_the_task():
     assert sim.to_worker(W1) == [FreeKeys(["a"], "miss")]
     assert sim.to_worker(W2) == [
         FreeKeys(["b"], "miss"),
-        ComputeTask("a", "f", ARGS, sim.ts("a").priority, [], "miss", run_id=2),
+        ComputeTask("a", "f", ARGS, sim.ts("a").priority, [], "miss", run_id=2, client_wants=True),
     ]
     assert sim.state("a") == "processing" and sim.state("b") == "waiting"
     assert set(sim.ts("a").who_has) == set() and sim.holds(W1) == set()
     assert sim.ws(W1).nbytes == 0
     sim.finish("a", nbytes=10, sid="a2")
     assert sim.to_worker(W2) == [
-        ComputeTask("b", "f", ARGS, sim.ts("b").priority, [DepInfo("a", 10, [W2])], "a2", run_id=2)
+        ComputeTask(
+            "b",
+            "f",
+            ARGS,
+            sim.ts("b").priority,
+            [DepInfo("a", 10, [W2])],
+            "a2",
+            run_id=2,
+            client_wants=True,
+        )
     ]
     sim.finish("b")
     assert sim.states() == {
@@ -223,7 +254,7 @@ def test_missing_data_for_a_chain_recomputes_it_from_the_bottom():
     assert sorted(sim.freed(W1)) == ["x", "y"]
     assert sim.to_worker(W2) == [
         FreeKeys(["t"], "miss"),
-        ComputeTask("x", "f", ARGS, sim.ts("x").priority, [], "miss", run_id=2),
+        ComputeTask("x", "f", ARGS, sim.ts("x").priority, [], "miss", run_id=2, client_wants=True),
     ]
     assert sim.states() == {
         "x": "processing",
@@ -234,7 +265,16 @@ def test_missing_data_for_a_chain_recomputes_it_from_the_bottom():
     }
     sim.finish("x", sid="x2")
     assert sim.to_worker(W2) == [
-        ComputeTask("y", "f", ARGS, sim.ts("y").priority, [DepInfo("x", 8, [W2])], "x2", run_id=2)
+        ComputeTask(
+            "y",
+            "f",
+            ARGS,
+            sim.ts("y").priority,
+            [DepInfo("x", 8, [W2])],
+            "x2",
+            run_id=2,
+            client_wants=True,
+        )
     ]
 
 

@@ -125,18 +125,18 @@ def test_sigkilled_idle_worker_is_removed() -> None:
 
 
 def test_results_of_a_killed_worker_are_recomputed() -> None:
-    # Results held by a worker that dies (lists: unlike small scalars, they do not travel
-    # with the completion notice) are recomputed on the survivor when asked for, even
+    # Results held by a worker that dies (lists too large to travel with the completion
+    # notice: over 64 KiB pickled) are recomputed on the survivor when asked for, even
     # when asked for at once.
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-        futs = client.map(make_list, range(1000, 1020))
-        assert [len(x) for x in client.gather(futs)] == list(range(1000, 1020))
+        futs = client.map(make_list, range(30000, 30020))
+        assert [len(x) for x in client.gather(futs)] == list(range(30000, 30020))
         workers = client.scheduler_info()["workers"]
         victim = {w["name"]: addr for addr, w in workers.items()}["0"]
         assert workers[victim]["nbytes"] > 0, "the victim holds no results"
         os.kill(cluster.worker_pids[0], signal.SIGKILL)
         values = [f.result(timeout=10) for f in futs]
-        assert [len(v) for v in values] == list(range(1000, 1020))
+        assert [len(v) for v in values] == list(range(30000, 30020))
         assert victim not in client.scheduler_info()["workers"]
 
 

@@ -79,7 +79,11 @@ SAMPLES: dict[type[m.Message], m.Message] = {
     m.WhoHasRequest: m.WhoHasRequest(request_id=5, keys=["a", ("b", 1)]),
     m.InfoRequest: m.InfoRequest(request_id=6, start=10, limit=100),
     m.KeyInMemory: m.KeyInMemory(
-        key=("x", 1), value=SMALL, type_name="int", stimulus_id="task-finished-1"
+        key=("x", 1),
+        value=SMALL,
+        type_name="int",
+        stimulus_id="task-finished-1",
+        who_has=["tcp://w:1", "tcp://w:2"],
     ),
     m.KeyErred: m.KeyErred(
         key="y",
@@ -151,6 +155,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         resources={"GPU": 0.5},
         run_id=3,
         shuffle=m.ShuffleRun("abc", 2, ["tcp://w:1", "tcp://w:2"]),
+        client_wants=True,
     ),
     m.FreeKeys: m.FreeKeys(keys=["a", 2, ("c", 3)], stimulus_id="free-1"),
     m.ReleaseCompute: m.ReleaseCompute("a", False, True, stimulus_id="cancel-1"),

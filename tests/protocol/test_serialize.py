@@ -635,3 +635,55 @@ def test_sizeof_of_pandas_objects_counts_their_data():
     assert s.sizeof(frame["i"]) >= 8 * n
     assert s.sizeof(pd.Index(np.arange(n))) >= 8 * n
     assert 0 < s.sizeof(pd.RangeIndex(n)) < 1000
+
+
+# --- results inline for a client that wants them ---------------------------------------------
+
+INLINE_LIMIT_64K = 64 * 1024
+
+
+def inline(obj: Any, limit: int = INLINE_LIMIT_64K) -> Payload | None:
+    return s.dumps_result_inline(obj, limit, s.sizeof(obj))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.float64(1.5), np.int8(-3), np.datetime64("2026-01-02"), np.arange(10), (1, "a"), {1}],
+)
+def test_a_small_result_of_any_type_goes_inline_and_loads_back_exactly(value: Any):
+    payload = inline(value)
+    assert payload is not None and payload.kind == s.PICKLE and payload.nbuffers == 0
+    got = s.loads_value(payload)
+    assert type(got) is type(value)
+    assert np.array_equal(got, value) if isinstance(value, np.ndarray) else got == value
+
+
+def test_plain_results_stay_msgpack():
+    for value in (1, 2.5, "text", b"raw", None, True):
+        payload = inline(value)
+        assert payload is not None and payload.kind == s.MSGPACK
+        assert s.loads_value(payload) == value
+
+
+def test_the_inline_limit_is_on_the_serialised_size():
+    assert inline(b"x" * (63 * 1024)) is not None
+    assert inline(b"x" * (65 * 1024)) is None
+    assert inline(np.zeros(63 * 1024 // 8)) is not None
+    assert inline(np.zeros(65 * 1024 // 8)) is None
+    # small estimate, large pickle: stopped by the size of what was written
+    many = [str(i) * 100 for i in range(2000)]
+    assert s.sizeof(many) < INLINE_LIMIT_64K and inline(many) is None
+    assert inline(np.float64(1.0), limit=0) is None  # off: only plain values
+    assert inline(7, limit=0) is not None
+
+
+def test_a_result_that_does_not_pickle_is_left_to_the_fetch():
+    assert inline(threading.Lock()) is None
+
+
+def test_a_function_made_in_a_task_goes_by_value():
+    def local(x: int) -> int:
+        return x + 1
+
+    payload = inline(local)
+    assert payload is not None and s.loads_value(payload)(1) == 2

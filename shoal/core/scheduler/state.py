@@ -360,7 +360,16 @@ class SchedulerState(
         self.comm.send_worker(
             ws.address,
             m.ComputeTask(
-                ts.key, func, ts.payload, ts.priority, deps, stimulus_id, resources, run_id, shuffle
+                ts.key,
+                func,
+                ts.payload,
+                ts.priority,
+                deps,
+                stimulus_id,
+                resources,
+                run_id,
+                shuffle,
+                client_wants=bool(ts.who_wants),  # a small result comes back inline
             ),
         )
 
@@ -564,7 +573,8 @@ class SchedulerState(
         if self.shuffle_tasks:
             self._shuffle_task_done(ts, stimulus_id)
         if ts.who_wants:
-            note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id)
+            # The inline value is forwarded, never kept: a client asking later fetches.
+            note = m.KeyInMemory(ts.key, msg.value, msg.type_name, stimulus_id, [ws.address])
             for cs in ts.who_wants:
                 self.comm.send_client(cs.id, note)
             self.note_done(ts)

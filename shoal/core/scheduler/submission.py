@@ -228,7 +228,14 @@ class Submission:
         cs.wants.add(ts)
         if ts.state == "memory":
             self.comm.send_client(
-                cs.id, m.KeyInMemory(ts.key, None, ts.type_name, stimulus_id=stimulus_id)
+                cs.id,
+                m.KeyInMemory(
+                    ts.key,
+                    None,
+                    ts.type_name,
+                    stimulus_id=stimulus_id,
+                    who_has=[ws.address for ws in ts.who_has],
+                ),
             )
         elif ts.state == "erred":
             self._report_erred(ts, [cs], stimulus_id)

@@ -88,6 +88,9 @@ class KeyInMemory(Message):
     value: Payload | None = None  # small results ride along, saving a round trip
     type_name: str = ""
     stimulus_id: str = ""
+    # The workers holding it when this was sent (a hint: the client fetches from them
+    # without asking WhoHas first; a holder that no longer has it answers "missing").
+    who_has: list[str] = []
 
 
 class KeyErred(Message):
@@ -145,6 +148,9 @@ class ComputeTask(Message):
     # released since, from the current one.
     run_id: int = 0
     shuffle: ShuffleRun | None = None  # the P2P shuffle run this task belongs to
+    # A client wants the result: the worker sends it inline with TaskFinished when its
+    # serialised form is small (shoal.worker.inline-results-bytes), pickled or not.
+    client_wants: bool = False
 
 
 class FreeKeys(Message):

@@ -10,9 +10,9 @@ apart into
 * its *slots*: the plain values in it (str, int, float, bool, None, bytes, numpy
   scalars) and its references (dependencies, futures), in order.
 
-The first task of a shape pickles its arguments once with each slot as a placeholder:
-the template, an entry of the function table (sent to the scheduler once, loaded by a
-worker once). Every task of that shape is then the template's id and its own slots
+The second task of a shape (the first is encoded as it is: a shape met once is no
+layer) pickles its arguments once with each slot as a placeholder: the template, an
+entry of the function table (sent to the scheduler once, loaded by a worker once). Every task of that shape is then the template's id and its own slots
 (msgpack, :mod:`shoal.protocol.plain_codec`): no pickling per task, and a payload of a
 few dozen bytes. The worker decodes the slots and unpickles the template with them in
 place (``serialize.TEMPLATE``): what the task's own pickle would have given.
@@ -75,6 +75,7 @@ class LayerTemplates:
         self.ref_types = ref_types
         self.reducers = reducers
         self._templates: dict[Any, _Template] = {}
+        self._seen_once: dict[Any, list[Any]] = {}  # shapes met once: pinned objects
         self.hits = 0
         self.misses = 0
         self.enabled = True
@@ -101,6 +102,13 @@ class LayerTemplates:
             self.misses += 1
             if self.misses >= GIVE_UP_MISSES and self.hits < self.misses:
                 self.enabled = False
+            if self._seen_once.pop(shape, None) is None:
+                # A shape met once is encoded as it is: only one that recurs (a layer)
+                # becomes a template, so that tasks of their own (each a different
+                # object in its arguments) leave no entries in the function table, which
+                # is never pruned. The pinned objects keep the shape's ids valid.
+                self._seen_once[shape] = pinned
+                return None
             if len(self._templates) >= MAX_TEMPLATES:
                 return None
             template = self._make(args, kwargs, pinned)

@@ -192,8 +192,12 @@ def templates():
 def test_a_container_met_twice_is_not_templated():
     marker = np.arange(2)  # an object: a template is worth making
     shared = [marker, 2]
-    assert templates().encode("fid", (shared, shared), {}) is None
-    assert templates().encode("fid", ([marker, 2], [marker, 2]), {}) is not None
+    cache = templates()
+    for _ in range(3):
+        assert cache.encode("fid", (shared, shared), {}) is None
+    cache = templates()
+    cache.encode("fid", ([marker, 2], [marker, 2]), {})  # the first of its shape
+    assert cache.encode("fid", ([marker, 2], [marker, 2]), {}) is not None
 
 
 def test_plain_arguments_are_left_to_plain_msgpack():
@@ -205,12 +209,21 @@ def test_plain_arguments_are_left_to_plain_msgpack():
 def test_an_object_is_part_of_the_shape_by_identity_slots_by_value():
     cache = templates()
     big = np.arange(5)
+    assert cache.encode("fid", (big, 0, Dep("w")), {"k": "u"}) is None  # met once so far
     a = cache.encode("fid", (big, 1, Dep("x")), {"k": "v"})
     b = cache.encode("fid", (big, 2, Dep("y")), {"k": "w"})
-    assert (cache.hits, cache.misses) == (1, 1)
+    assert (cache.hits, cache.misses) == (1, 2)
     assert a.funcs == b.funcs and a.deps == ["x"] and b.deps == ["y"]
     cache.encode("fid", (np.arange(5), 2, Dep("y")), {"k": "w"})  # another array
-    assert cache.misses == 2
+    assert cache.misses == 3
+
+
+def test_a_shape_met_once_leaves_no_entry_in_the_function_table():
+    functions = FunctionTable()
+    cache = LayerTemplates(functions, {})
+    for _ in range(10):  # each task with an object of its own: no layer
+        assert cache.encode("fid", (np.arange(3), 1), {}) is None
+    assert functions.bytes == {}
 
 
 def test_a_graph_whose_tasks_share_no_shape_turns_templates_off():

@@ -23,6 +23,13 @@ from shoal.protocol.messages import check_resources
 if TYPE_CHECKING:
     from shoal.server.worker import Worker
 
+# A worker's threads are its parallelism. Numerical libraries that start a thread per
+# core of their own oversubscribe the machine: two workers whose BLAS calls each spin
+# two threads on two cores wait on each other (a 100x100 matmul chunk took 7 ms instead
+# of 0.1). As Dask's nanny does, a worker runs them single-threaded unless the user's
+# environment says otherwise.
+LIBRARY_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
@@ -495,6 +502,8 @@ def worker(
     **options: Any,
 ) -> None:
     """Start a worker for the scheduler at ADDRESS (or the one in --scheduler-file)."""
+    for variable in LIBRARY_THREADS:  # read by numpy's BLAS when first imported, below
+        os.environ.setdefault(variable, "1")
     from shoal.server.memory import MemoryFractions, parse_fraction, parse_memory_limit
     from shoal.server.worker import Worker
 

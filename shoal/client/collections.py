@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.client import graph_data
 from shoal.client.dask_graph import (
+    alias_targets,
     annotations_for,
     check_graph,
     cull,
     materialize,
+    skip_aliases,
 )
 from shoal.client.futures import Future
 from shoal.client.graph_order import order_bound, submission_order
@@ -39,6 +41,7 @@ def submit_graph(
     keys: Iterable[Key],
     options: dict[str, Any] | None = None,
     placed: dict[Key, Future] | None = None,
+    follow_aliases: bool = False,
 ) -> dict[Key, Future]:
     """Submit the part of ``graph`` that ``keys`` need; futures for ``keys``.
 
@@ -49,14 +52,23 @@ def submit_graph(
     workers apart from the graph (:mod:`graph_data`). Only ``get`` asks for it: it
     gathers the results at once and sends the graph again if that data is lost. The
     futures of ``compute`` and ``persist`` may outlive their data's worker, and must stay
-    recomputable from the graph alone."""
+    recomputable from the graph alone.
+
+    With ``follow_aliases`` (``get``: only values go back), a key that merely names
+    another (an ``Alias``) is not a task: its future is the named key's, which saves a
+    scheduler round trip per compute."""
     import dask
 
-    keys = list(dict.fromkeys(keys))
+    asked = list(dict.fromkeys(keys))
     shuffle_dask.install()
     with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
         dsk, by_type = materialize(graph)
-    dsk = cull(dsk, keys)
+    dsk = cull(dsk, asked)
+    targets = alias_targets(dsk, asked) if follow_aliases else {}
+    keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
+    if targets:
+        dsk = cull(dsk, keys)
+    dsk = skip_aliases(dsk, keys)
     marks = shuffle_dask.shuffle_marks(dsk)  # the scheduler coordinates these tasks
     held = client._states
     unknown = [k for k in keys if k not in dsk and k not in held]
@@ -132,9 +144,9 @@ def submit_graph(
                 part.append(spec)
             yield part
 
-    futures = client._submit_parts(parts(), keys)
+    futures = dict(zip(keys, client._submit_parts(parts(), keys)))
     del data  # released after the graph that depends on them (the outbox keeps order)
-    return dict(zip(keys, futures))
+    return {k: futures[targets.get(k, k)] for k in asked}
 
 
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -148,8 +160,10 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         return client.gather(_pack(keys, submit_graph(client, dsk, flat, options)))
     for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
         placed: dict[Key, Future] = {}
+        futures: dict[Key, Future] = {}
         try:
-            return client.gather(_pack(keys, submit_graph(client, dsk, flat, options, placed)))
+            futures = submit_graph(client, dsk, flat, options, placed, follow_aliases=True)
+            return client.gather(_pack(keys, futures))
         except Exception:
             # Graph data lost with a worker during the compute: the client still has the
             # values, so the graph goes again (its data sent again) instead of failing.
@@ -159,7 +173,9 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         # The error raised sits in its key's state, and its traceback holds frames that
         # hold the futures: the failed attempt's keys would stay held, erred, and be
         # found again by the next attempt. Cut that loop so that they are released.
-        erred = [st for k in flat if (st := client._states.get(k)) is not None]
+        sent = {f.key for f in futures.values()} | set(flat)
+        del futures
+        erred = [st for k in sent if (st := client._states.get(k)) is not None]
         for st in erred:
             if st.exception is not None:
                 st.exception.__traceback__ = None

@@ -89,6 +89,64 @@ def cull(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Any]:
     return out
 
 
+def alias_targets(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Key]:
+    """For each of ``keys`` that is an ``Alias`` (Dask's finalize step often is one), the
+    key in ``dsk`` whose value it names, through chains of aliases."""
+    from dask._task_spec import Alias
+
+    out: dict[Key, Key] = {}
+    for key in keys:
+        target: Key = key
+        node: Any = dsk.get(key)
+        seen = {key}
+        while isinstance(node, Alias) and node.target in dsk and node.target not in seen:
+            target = node.target  # type: ignore[assignment]  # dask types keys its own way
+            seen.add(target)
+            node = dsk[target]
+        if target != key:
+            out[key] = target
+    return out
+
+
+def skip_aliases(dsk: dict[Key, Any], keep: Iterable[Key]) -> dict[Key, Any]:
+    """``dsk`` without its ``Alias`` nodes (but those of ``keep``): their dependents
+    refer to the aliased key itself. An alias run as a task costs a scheduler round trip
+    and a level of the graph for an identity (Dask's array reductions make one per
+    chunk). ``dsk`` itself is returned when it has none, or when a dependent cannot be
+    rewritten exactly (its dependencies after the rewrite are not the expected ones)."""
+    from dask._task_spec import Alias
+
+    kept = set(keep)
+    targets: dict[Key, Key] = {
+        key: node.target  # type: ignore[misc]  # dask types keys its own way
+        for key, node in dsk.items()
+        if type(node) is Alias and key not in kept and node.target != key
+    }
+    if not targets:
+        return dsk
+    subs: dict[Key, Key] = {}
+    for key in targets:
+        final: Key = key
+        seen = set()
+        while final in targets:
+            if final in seen:
+                return dsk  # a cycle of aliases: check_graph names it
+            seen.add(final)
+            final = targets[final]
+        subs[key] = final
+    out: dict[Key, Any] = {}
+    for key, node in dsk.items():
+        if key in subs:
+            continue
+        deps = node.dependencies
+        if any(d in subs for d in deps):
+            node = node.substitute({d: subs[d] for d in deps if d in subs})
+            if set(node.dependencies) != {subs.get(d, d) for d in deps}:
+                return dsk
+        out[key] = node
+    return out
+
+
 def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None:
     """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
     that has a cycle; the error names the keys."""

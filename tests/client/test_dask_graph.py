@@ -240,3 +240,41 @@ def test_submission_order_puts_dependencies_first():
     assert topological(dsk, {"a": 0, "d": 1, "b": 2, "c": 3}) == ["c", "b", "a", "d"]
     # ... and a valid order is kept as it is.
     assert topological(dsk, {"d": 0, "c": 1, "b": 2, "a": 3}) == ["d", "c", "b", "a"]
+
+
+def test_alias_targets_follow_chains_within_the_graph():
+    from shoal.client.dask_graph import alias_targets
+
+    dsk = {
+        "c": Task("c", operator.add, 1, 2),
+        "b": Alias("b", "c"),
+        "a": Alias("a", "b"),
+        "outside": Alias("outside", "held-elsewhere"),  # its target is not in the graph
+        "loop1": Alias("loop1", "loop2"),
+        "loop2": Alias("loop2", "loop1"),
+    }
+    assert alias_targets(dsk, ["a", "b", "c", "outside"]) == {"a": "c", "b": "c"}
+    # A cycle of aliases (refused later by check_graph) does not hang the walk.
+    assert alias_targets(dsk, ["loop1"]) == {"loop1": "loop2"}
+
+
+def test_skip_aliases_points_dependents_at_the_aliased_key():
+    from shoal.client.dask_graph import skip_aliases
+
+    dsk = {
+        "x": Task("x", operator.add, 1, 2),
+        "a": Alias("a", "x"),
+        "b": Alias("b", "a"),  # a chain
+        "y": Task("y", operator.mul, TaskRef("b"), List(TaskRef("a"), 3)),
+        "out": Alias("out", "y"),  # kept: a key asked for
+    }
+    got = skip_aliases(dsk, ["out"])
+    assert set(got) == {"x", "y", "out"}
+    assert got["y"].dependencies == {"x"}
+    assert execute_graph(got)["out"] == 3 * [3, 3]
+    assert execute_graph(got)["out"] == execute_graph(dsk)["out"]
+    # Nothing to skip, or a cycle of aliases (refused later, by check_graph): as it was.
+    plain = {"x": dsk["x"]}
+    assert skip_aliases(plain, []) is plain
+    loop = {"p": Alias("p", "q"), "q": Alias("q", "p")}
+    assert skip_aliases(loop, []) is loop

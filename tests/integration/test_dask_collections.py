@@ -794,3 +794,46 @@ def test_function_sent_once_dask_graphs(fast_client: Client, wire: WireCounter) 
     # helpers, if any: never one per task
     assert len(fast_client._functions.bytes) - n_before < 40
     _sent_once(fast_client, wire, tag, b"marker-lambda-77aa")
+
+
+def test_get_sends_no_task_for_a_key_that_only_names_another(client: Client) -> None:
+    """Dask's finalize step of an array reduction is an ``Alias`` of the last reduction:
+    through ``get`` (what ``.compute()`` calls) its value is the named key's, with no
+    task and no scheduler round trip of its own; ``client.compute`` still gives a future
+    under the collection's own key."""
+    from shoal.protocol import messages as m
+
+    x = da.ones((100, 100), chunks=50).sum()
+    sent: list[Any] = []
+    send = client._send
+
+    def recording_send(msg: m.Message) -> None:
+        if isinstance(msg, m.SubmitTasks):
+            sent.extend(spec.key for spec in msg.tasks)
+        send(msg)
+
+    client._send = recording_send  # type: ignore[method-assign]
+    try:
+        assert dask.compute(x, scheduler=client.get)[0] == 10_000
+        through_get = list(sent)
+        sent.clear()
+        future = client.compute(x)
+        assert future.result(timeout=30) == 10_000
+    finally:
+        del client._send
+    assert through_get and not any(str(k).startswith("finalize-") for k in through_get)
+    assert str(future.key).startswith("finalize-") and future.key in sent
+
+
+def _library_threads() -> dict[str, str | None]:
+    return {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+
+def test_workers_run_numerical_libraries_single_threaded(client: Client) -> None:
+    """A worker's BLAS does not start threads of its own (they oversubscribed the cores:
+    a small matmul chunk took 70x its time), unless the user's environment set them."""
+    on_workers = client.run(_library_threads)
+    assert on_workers
+    for values in on_workers.values():
+        for variable, value in values.items():
+            assert value == os.environ.get(variable, "1"), variable

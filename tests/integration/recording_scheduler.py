@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, TypeVar
 
 from shoal.client.loop import LoopRunner
 from shoal.comm.connection import Connection
@@ -51,16 +51,23 @@ class RecordingScheduler(Scheduler):
             conn.on_frame = on_frame
 
 
+S = TypeVar("S", bound=Scheduler)
+
+
 @contextmanager
-def recording_scheduler() -> Iterator[RecordingScheduler]:
-    runner = LoopRunner(name="recording-scheduler")
-    scheduler = RecordingScheduler()
+def on_a_loop_thread(scheduler: S, name: str) -> Iterator[S]:
+    """``scheduler`` started on a loop thread of the test process, closed at the end."""
+    runner = LoopRunner(name=name)
     try:
         runner.run_sync(scheduler.start(), 10)
         yield scheduler
     finally:
         runner.run_sync(scheduler.close(), 10)
         runner.stop()
+
+
+def recording_scheduler() -> AbstractContextManager[RecordingScheduler]:
+    return on_a_loop_thread(RecordingScheduler(), "recording-scheduler")
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from inline_tasks import fails_if_exists, sized_bytes
-from recording_scheduler import wait_for
+from recording_scheduler import on_a_loop_thread, wait_for
 
 from shoal import Client
-from shoal.client.loop import LoopRunner
 from shoal.comm.connection import Connection
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame
@@ -56,16 +55,8 @@ class CountingScheduler(Scheduler):
             return self.received[kind]
 
 
-@contextmanager
-def counting_scheduler() -> Iterator[CountingScheduler]:
-    runner = LoopRunner(name="counting-scheduler")
-    scheduler = CountingScheduler()
-    try:
-        runner.run_sync(scheduler.start(), 10)
-        yield scheduler
-    finally:
-        runner.run_sync(scheduler.close(), 10)
-        runner.stop()
+def counting_scheduler() -> AbstractContextManager[CountingScheduler]:
+    return on_a_loop_thread(CountingScheduler(), "counting-scheduler")
 
 
 @pytest.fixture

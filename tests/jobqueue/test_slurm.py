@@ -225,6 +225,14 @@ def test_adapt_between_minimum_and_maximum_jobs(tmp_path):
             assert client.gather(futures) == durations
             assert most == 2  # scaled up, never past maximum_jobs
             wait_until(lambda: len(cluster.jobs) == 1, 30, "back to minimum_jobs")
+            # The job left may be a fresh one, its worker not yet connected: cancelled
+            # then, it would be a job that never connected (an error), not a lost one.
+            cluster.wait_for_workers(1, timeout=60)
+            wait_until(
+                lambda: len(cluster.jobs) == 1 and len(client.scheduler_info()["workers"]) == 1,
+                30,
+                "one job, its worker connected",
+            )
             # a job lost under adapt: the minimum brings one back
             [job] = cluster.jobs
             subprocess.run(["scancel", job], check=True, timeout=10)

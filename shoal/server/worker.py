@@ -66,6 +66,7 @@ from shoal.protocol.serialize import (
     sizeof,
 )
 from shoal.server.actors import ActorServer
+from shoal.server.fused_chains import with_fast_chains
 from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
@@ -754,7 +755,8 @@ class Worker(WorkerTransferMixin):
         fn = self._loaded_functions.get(fid)
         if fn is None:
             with DESERIALISE_LOCK:
-                fn = self._loaded_functions[fid] = self.functions.get(fid)
+                fn = with_fast_chains(self.functions.get(fid))
+                self._loaded_functions[fid] = fn
         return fn
 
     def _push_result(self, event: Any) -> None:

@@ -71,11 +71,18 @@ def run_nested(call: Call) -> Any:
     return evaluate(call)
 
 
+_dask_task: Any = None  # dask's Task class, once a fused subgraph has needed it
+
+
 def rebuild_task(key: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """A Dask ``Task`` inside a fused subgraph, sent without its cached token and repr."""
-    from dask._task_spec import Task
+    global _dask_task
+    task = _dask_task
+    if task is None:  # (imported once: an import statement per task costs microseconds)
+        from dask._task_spec import Task
 
-    return Task(key, func, *args, **kwargs)
+        task = _dask_task = Task
+    return task(key, func, *args, **kwargs)
 
 
 def identity(value: Any) -> Any:

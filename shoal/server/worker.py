@@ -200,8 +200,9 @@ class Worker(WorkerTransferMixin):
             security=self.security,
             traffic=self.traffic,
         )
-        # (key, function id, arguments, the mark TaskThreads.queued gave it), None: end
-        self._queue: queue.SimpleQueue[tuple[Any, str, m.Payload, list[bool]] | None] = (
+        # batches of tasks to run: (key, function id, arguments, the mark
+        # TaskThreads.queued gave it); None: end
+        self._queue: queue.SimpleQueue[list[tuple[Any, str, m.Payload, list[bool]]] | None] = (
             queue.SimpleQueue()
         )
         self._inline_results = InlineResults()  # small results of wanted keys: inline
@@ -519,13 +520,19 @@ class Worker(WorkerTransferMixin):
         assert self.state is not None
         instructions = self.state.handle(*events)
         send = self.scheduler.send if self.scheduler is not None else None
+        starts: list[Any] = []  # keys to run, handed to the threads together
         for inst in instructions:
-            if isinstance(inst, SendMessage):
+            if type(inst) is SendMessage:
                 if send is not None:
                     send(inst.msg)
-            elif isinstance(inst, Execute):
-                self._execute(inst.key)
-            elif isinstance(inst, GatherDep):
+                continue
+            if type(inst) is Execute:
+                starts.append(inst.key)
+                continue
+            if starts:  # in order: an Interrupt must find a task queued before it
+                self._execute(starts)
+                starts = []
+            if isinstance(inst, GatherDep):
                 self._spawn(self._gather(inst))
             elif isinstance(inst, ResumeThread):
                 with self._threads_lock:
@@ -538,31 +545,47 @@ class Worker(WorkerTransferMixin):
                 self._restart_stuck(inst)
             else:  # pragma: no cover - a new instruction the shell does not know
                 raise TypeError(f"unknown instruction {inst!r}")
+        if starts:
+            self._execute(starts)
         if self._deferred:
             self._resume_deferred()
         if self.plugins.watching:
             self.plugins.flush_transitions()
 
-    def _execute(self, key: Any) -> None:
+    def _execute(self, keys: list[Any]) -> None:
+        """Hand ``keys`` (best first) to the task threads: in at most one batch per
+        thread, so that a thread waiting for work is woken once per batch, not once per
+        task (each wake-up costs the loop a context switch, and on a busy machine its
+        CPU for a while)."""
         assert self.state is not None
-        run_spec = self.state.tasks[key].run_spec
-        assert run_spec is not None
-        func_id, payload = run_spec
+        tasks = self.state.tasks
         if self.zero:
-            now = time.time()
-            event = ExecuteSuccess(
-                key=key,
-                value=None,
-                nbytes=0,
-                inline=None,
-                type_name="NoneType",
-                start=now,
-                stop=now,
-                stimulus_id=f"zero-{now}",
-            )
-            self._push_result(event)
-        else:
-            self._queue.put((key, func_id, payload, self._task_threads.queued(key)))
+            for key in keys:
+                now = time.time()
+                event = ExecuteSuccess(
+                    key=key,
+                    value=None,
+                    nbytes=0,
+                    inline=None,
+                    type_name="NoneType",
+                    start=now,
+                    stop=now,
+                    stimulus_id=f"zero-{now}",
+                )
+                self._push_result(event)
+            return
+        queued = self._task_threads.queued
+        items = []
+        for key in keys:
+            run_spec = tasks[key].run_spec
+            assert run_spec is not None
+            items.append((key, run_spec[0], run_spec[1], queued(key)))
+        n = self.nthreads
+        if n == 1 or len(items) == 1:
+            self._queue.put(items)
+        else:  # dealt round-robin: each thread's batch keeps the priority order
+            for i in range(min(n, len(items))):
+                self._queue.put(items[i::n])
 
     # ---------------------------------------------------------------- interrupting tasks
 
@@ -637,6 +660,12 @@ class Worker(WorkerTransferMixin):
         if _current.seceded:
             return
         _current.seceded = True
+        # The tasks queued behind this one in its thread's batch go on elsewhere now:
+        # this thread ends with its task, which may wait for them.
+        batch, index = getattr(_current, "batch", None), getattr(_current, "index", 0)
+        _current.batch = None
+        if batch is not None and index + 1 < len(batch):
+            self._queue.put(batch[index + 1 :])
         self._push_result(Secede(key, f"secede-{next(self._stimulus)}"))
         if not self._closed.is_set():
             self._start_thread()
@@ -661,43 +690,60 @@ class Worker(WorkerTransferMixin):
         assert self.state is not None
         resolve = self.state.data.__getitem__
         coroutines: list[asyncio.Runner] = []  # this thread's loop for async tasks, once needed
-        threads, slot = self._task_threads, ThreadSlot()
-        output = self._output
+        slot, output = ThreadSlot(), self._output
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._queue.get()
+            if batch is None:
+                for runner in coroutines:
+                    runner.close()
+                return
+            for index in range(len(batch)):
+                _current.batch, _current.index = batch, index
+                if not self._run_item(batch[index], resolve, coroutines, slot, output):
+                    continue
+                # Seceded: another thread has taken this one's place (and the rest of
+                # the batch, handed on by secede()).
+                _current.batch = None
                 for runner in coroutines:
                     runner.close()
                 return
             # Nothing of a task (arguments, result) stays referenced here while the thread
             # waits for the next one: the worker may drop or spill it meanwhile.
-            key, func_id, payload, mark = item
-            _current.worker, _current.key, _current.seceded = self, key, False
-            if output is not None:
-                output.begin(key)
-            start = time.time()
+            batch = _current.batch = None
+
+    def _run_item(
+        self,
+        item: tuple[Any, str, m.Payload, list[bool]],
+        resolve: Any,
+        coroutines: list[asyncio.Runner],
+        slot: ThreadSlot,
+        output: OutputCollector | None,
+    ) -> bool:
+        """Run one task of a batch; True if its thread has seceded (it then ends)."""
+        threads = self._task_threads
+        key, func_id, payload, mark = item
+        _current.worker, _current.key, _current.seceded = self, key, False
+        if output is not None:
+            output.begin(key)
+        start = time.time()
+        try:
+            # TaskInterrupted (force-cancel) is raised in this thread only between
+            # start and end, and only for this task (see shoal/server/interrupt.py).
             try:
-                # TaskInterrupted (force-cancel) is raised in this thread only between
-                # start and end, and only for this task (see shoal/server/interrupt.py).
-                try:
-                    if not threads.start(key, mark, slot):
-                        raise TaskInterrupted("cancelled before it started")
-                    result = self._run_one(key, func_id, payload, resolve, coroutines)
-                except TaskInterrupted as e:  # outside the task's own try
-                    result = _interrupted(key, e, start)
-                if threads.end(key, slot):
-                    result = _interrupted(key, TaskInterrupted(), start)
-            finally:
-                _current.worker = _current.key = None
-                if output is not None:
-                    output.end(key)
-            self._push_result(result)
-            item = None
-            del result
-            if _current.seceded:  # another thread has taken this one's place
-                for runner in coroutines:
-                    runner.close()
-                return
+                if not threads.start(key, mark, slot):
+                    raise TaskInterrupted("cancelled before it started")
+                result = self._run_one(key, func_id, payload, resolve, coroutines)
+            except TaskInterrupted as e:  # outside the task's own try
+                result = _interrupted(key, e, start)
+            if threads.end(key, slot):
+                result = _interrupted(key, TaskInterrupted(), start)
+        finally:
+            _current.worker = _current.key = None
+            if output is not None:
+                output.end(key)
+        self._push_result(result)
+        del result
+        return bool(_current.seceded)
 
     def _run_one(
         self,

@@ -11,6 +11,7 @@ from test_worker_secede import executed, rejoin, resumed, secede
 from test_worker_state import compute, make, run, states
 
 from shoal.core.worker.state import (
+    MAX_PIPELINE,
     PIPELINE_WINDOW,
     RUN_AHEAD_WINDOW,
     ExecuteSuccess,
@@ -110,3 +111,19 @@ def test_tasks_run_ahead_never_hold_more_resources_than_there_are():
     assert executed(out) == ["g0"]  # limit 4, but one GPU
     assert executed(ws.handle(took("g0"))) == ["g1"]
     assert ws.available_resources == {"GPU": 0.0}
+
+
+def test_tiny_tasks_queue_about_the_pipelining_window_per_thread():
+    """Tasks of tens of microseconds: each thread gets about PIPELINE_WINDOW's worth
+    queued behind the one it runs (fewer hand-offs and wake-ups per task), never more."""
+    tiny = 50e-6
+    ws = measured(2, tiny)
+    out = run(ws, *[compute(f"k{i}", prio=(i,)) for i in range(400)])
+    per_thread = int(PIPELINE_WINDOW / tiny)  # 40 queued behind each running task
+    assert per_thread <= MAX_PIPELINE
+    assert executed(out) == [f"k{i}" for i in range(2 * (1 + per_thread))]
+    # the queued work stays within the window whatever the tasks' size
+    ws = measured(1, 1e-7)
+    out = run(ws, *[compute(f"k{i}", prio=(i,)) for i in range(400)])
+    assert len(executed(out)) == 1 + MAX_PIPELINE
+    assert MAX_PIPELINE * 1e-7 <= PIPELINE_WINDOW

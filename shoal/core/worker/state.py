@@ -80,7 +80,7 @@ from shoal.protocol.messages import ComputeTask, DepInfo, FreeKeys, Key, Payload
 _UNCOUNTED = ("released", "forgotten")  # released: the rest of tasks; forgotten: gone
 
 PIPELINE_WINDOW = 0.002  # seconds of short tasks a thread may have queued behind its current one
-MAX_PIPELINE = 16
+MAX_PIPELINE = 64  # (tasks of ~30 us: the window, not this cap, bounds them)
 # Tasks shorter than this on average: each thread has one more queued behind the one it
 # runs (a run-ahead), so that it goes on without waiting for the event loop; it costs a
 # newly arrived better task at most that long a wait.

@@ -122,7 +122,7 @@ def test_nthreads_limit_and_priority_order():
 
 def test_short_tasks_are_pipelined_in_priority_order():
     ws = make(nthreads=1)
-    run(ws, *[compute(f"k{i:02}", prio=(i,)) for i in range(40)])
+    run(ws, *[compute(f"k{i:02}", prio=(i,)) for i in range(100)])
     assert ws.executing_count == 1  # no durations measured yet: one per thread
 
     def quick(key: Key, duration: float = 1e-5) -> ExecuteSuccess:

@@ -553,10 +553,11 @@ class Worker(WorkerTransferMixin):
             self.plugins.flush_transitions()
 
     def _execute(self, keys: list[Any]) -> None:
-        """Hand ``keys`` (best first) to the task threads: in at most one batch per
-        thread, so that a thread waiting for work is woken once per batch, not once per
-        task (each wake-up costs the loop a context switch, and on a busy machine its
-        CPU for a while)."""
+        """Hand ``keys`` (best first) to the task threads. A single thread gets them as
+        one batch: it is woken once per batch, not once per task (each wake-up costs the
+        loop a context switch, and on a busy machine its CPU for a while). With several
+        threads each task goes on its own, so that whichever thread is free first takes
+        it (a batch would wait behind a long task of its thread)."""
         assert self.state is not None
         tasks = self.state.tasks
         if self.zero:
@@ -580,12 +581,11 @@ class Worker(WorkerTransferMixin):
             run_spec = tasks[key].run_spec
             assert run_spec is not None
             items.append((key, run_spec[0], run_spec[1], queued(key)))
-        n = self.nthreads
-        if n == 1 or len(items) == 1:
+        if self.nthreads == 1:
             self._queue.put(items)
-        else:  # dealt round-robin: each thread's batch keeps the priority order
-            for i in range(min(n, len(items))):
-                self._queue.put(items[i::n])
+        else:
+            for item in items:
+                self._queue.put([item])
 
     # ---------------------------------------------------------------- interrupting tasks
 

@@ -44,6 +44,18 @@ def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str
     return shared.setdefault(ids, ids)
 
 
+def _downstream(tasks: Iterable[TaskState]) -> set[TaskState]:
+    """``tasks`` and every task that depends on them, directly or not."""
+    seen = set(tasks)
+    stack = list(seen)
+    while stack:
+        for dts in stack.pop().dependents:
+            if dts not in seen:
+                seen.add(dts)
+                stack.append(dts)
+    return seen
+
+
 def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
     if type(func) is str:
         return (func,) if func else ()
@@ -209,8 +221,11 @@ class Submission:
                 recs[ts] = "waiting"
         # Errors first: a dependent's "waiting" would otherwise overwrite its dependency's
         # "erred" and run it; dependents of failed tasks then are erred, not started.
+        # Nobody wants them, they are released again at once, their error forgotten:
+        # so they, and what they err, are kept from starting here ("doomed").
+        doomed = _downstream(errs) if errs else None
         self._transitions(errs, stimulus_id)
-        for ts in [ts for ts in recs if ts.state != "released"]:
+        for ts in [ts for ts in recs if ts.state != "released" or (doomed and ts in doomed)]:
             del recs[ts]  # in place: the graph's tasks are not copied at the peak
         self._transitions(recs, stimulus_id)
         # The earlier parts' tasks, a slice at a time from the end (the order one dict
@@ -219,7 +234,11 @@ class Submission:
         # a later slice) is skipped.
         while arriving:
             start = max(0, len(arriving) - START_SLICE)
-            batch = {ts: "waiting" for ts in arriving[start:] if ts.state == "released"}
+            batch = {
+                ts: "waiting"
+                for ts in arriving[start:]
+                if ts.state == "released" and not (doomed and ts in doomed)
+            }
             del arriving[start:]
             self._transitions(batch, stimulus_id)
 

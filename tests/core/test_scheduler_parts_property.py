@@ -90,3 +90,24 @@ def test_a_graph_in_parts_ends_as_in_one_message(g: dict[str, Any]) -> None:
     # Sim validates the whole state after every event (validate=True), so a task
     # started twice, or left released while a dependent waits on it, fails there.
     assert in_parts == whole
+
+
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_a_task_with_a_missing_dependency_never_runs(in_parts: bool) -> None:
+    # "a" errs at submission; nobody wants it, so it is released at once, its error
+    # gone: the dependents' "waiting" must not start it without its dependency.
+    sim = Sim({W1: 1})
+    specs = [
+        TaskSpec("a", "f", ARGS, ["nowhere"]),
+        TaskSpec("b", "f", ARGS, ["a"]),
+        TaskSpec("c", "f", ARGS, ["a", "b"]),
+    ]
+    parts = [specs[:1], specs[1:]] if in_parts else [specs]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        msg = SubmitTasks(part, ["c"] if last else [], FUNCS if i == 0 else {}, "s", not last)
+        sim.s.handle_client("c", msg)
+    assert sim.processing() == []
+    assert sim.states() == {"a": "released", "b": "released", "c": "erred"}
+    (erred,) = [msg for msg in sim.to_client() if isinstance(msg, KeyErred)]
+    assert erred.key == "c" and erred.blamed == "a"

@@ -109,9 +109,9 @@ class ClientRecord:
         self.forward_output = True  # it gets its tasks' output (TaskOutput)
         self.wants: set[TaskState] = set()
         self.watches: dict[int, ProgressWatch] = {}  # its progress watches by id
-        # The new tasks of a graph still arriving in parts, with their next states:
-        # (to wait, to err); None when no graph is half submitted.
-        self.partial: tuple[dict[TaskState, str], dict[TaskState, str]] | None = None
+        # The new tasks of a graph still arriving in parts: (those to wait, those to
+        # err, with "erred"); None when no graph is half submitted.
+        self.partial: tuple[list[TaskState], dict[TaskState, str]] | None = None
 
     def __repr__(self) -> str:
         return f"<Client {self.id}>"
@@ -280,7 +280,6 @@ class TaskState:
         "key",
         "_state",
         "group",
-        "prefix",
         "func",
         "payload",
         "dependencies",
@@ -291,12 +290,9 @@ class TaskState:
         "who_has",
         "processing_on",
         "rank",
-        "retries",
         "nbytes",
         "estimate",
-        "exception",
-        "traceback",
-        "exception_blame",
+        "_failure",  # retries and the error: rare, so one slot (None) for all four
         "run_id",  # how many times it was sent to a worker: results name the assignment
         "type_name",
         "restrictions",
@@ -315,7 +311,6 @@ class TaskState:
         self.key = key
         self._state = "released"
         self.group = group
-        self.prefix = group.prefix
         self.func = func
         self.payload = payload  # None: data with no way to recompute it (scattered)
         # Fixed once made (cut only to break a cycle): a tuple of one costs 48 bytes.
@@ -327,12 +322,9 @@ class TaskState:
         self.who_has: Members[WorkerRecord] = ()
         self.processing_on: WorkerRecord | None = None
         self.rank = rank  # the order it runs in, smaller first: see task_rank
-        self.retries = retries
         self.nbytes = 0
         self.estimate = 0.0  # the occupancy this task added to its worker
-        self.exception: Payload | None = None
-        self.traceback = ""
-        self.exception_blame: TaskState | None = None
+        self._failure: _Failure | None = _Failure(retries) if retries else None
         self.run_id = 0
         self.type_name = ""
         self.restrictions: Restrictions | None = None  # shared; None: any worker will do
@@ -354,7 +346,7 @@ class TaskState:
         group = self.group
         group.states[old] -= 1
         group.states[value] += 1
-        prefix = self.prefix
+        prefix = group.prefix
         prefix.states[old] -= 1
         prefix.states[value] += 1
         prefix.entered[value] += 1
@@ -370,6 +362,60 @@ class TaskState:
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self._state}>"
 
+    # Derived or rarely set: kept off the record (8 bytes a slot, and a record is
+    # allocated in 16-byte steps), read and written as attributes all the same.
+
+    @property
+    def prefix(self) -> TaskPrefix:
+        return self.group.prefix
+
+    def _failure_record(self) -> _Failure:
+        failure = self._failure
+        if failure is None:
+            failure = self._failure = _Failure(0)
+        return failure
+
+    @property
+    def retries(self) -> int:
+        failure = self._failure
+        return 0 if failure is None else failure.retries
+
+    @retries.setter
+    def retries(self, value: int) -> None:
+        if value or self._failure is not None:
+            self._failure_record().retries = value
+
+    @property
+    def exception(self) -> Payload | None:
+        failure = self._failure
+        return None if failure is None else failure.exception
+
+    @exception.setter
+    def exception(self, value: Payload | None) -> None:
+        if value is not None or self._failure is not None:
+            self._failure_record().exception = value
+
+    @property
+    def traceback(self) -> str:
+        failure = self._failure
+        return "" if failure is None else failure.traceback
+
+    @traceback.setter
+    def traceback(self, value: str) -> None:
+        if value or self._failure is not None:
+            self._failure_record().traceback = value
+
+    @property
+    def exception_blame(self) -> TaskState | None:
+        """The dependency whose failure this task's is (None: its own)."""
+        failure = self._failure
+        return None if failure is None else failure.blame
+
+    @exception_blame.setter
+    def exception_blame(self, value: TaskState | None) -> None:
+        if value is not None or self._failure is not None:
+            self._failure_record().blame = value
+
     @property
     def priority(self) -> tuple[int, int, int]:
         """(-user priority, submission, index in it): the order workers are told."""
@@ -377,6 +423,18 @@ class TaskState:
 
     def __lt__(self, other: TaskState) -> bool:  # heap tie-breaks; ranks are unique
         return self.rank < other.rank
+
+
+class _Failure:
+    """A task's retries left and its error, if it has either."""
+
+    __slots__ = ("retries", "exception", "traceback", "blame")
+
+    def __init__(self, retries: int):
+        self.retries = retries
+        self.exception: Payload | None = None
+        self.traceback = ""
+        self.blame: TaskState | None = None
 
 
 # A task's order is one int, not a tuple of three (64 bytes less per task): the user's

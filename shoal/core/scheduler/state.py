@@ -432,7 +432,12 @@ class SchedulerState(
             if state == "released":
                 recs[dts] = "waiting"
         if waiting_on:  # distinct, as dependencies are
-            ts.waiting_on = tuple(waiting_on) if len(waiting_on) <= SMALL else set(waiting_on)
+            if len(waiting_on) > SMALL:
+                ts.waiting_on = set(waiting_on)
+            elif len(waiting_on) == len(ts.dependencies):
+                ts.waiting_on = ts.dependencies  # one tuple for both (tuples never change)
+            else:
+                ts.waiting_on = tuple(waiting_on)
         else:
             recs[ts] = self._ready_state(ts)
         return recs

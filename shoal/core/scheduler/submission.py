@@ -31,6 +31,7 @@ from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
 Recs = dict[TaskState, str]
+START_SLICE = 4096  # tasks of a graph in parts started per batch of recommendations
 
 
 def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str, ...]:
@@ -41,6 +42,18 @@ def _task_functions(spec: m.TaskSpec, shared: dict[Any, Any]) -> str | tuple[str
         return shared.get(spec.func, spec.func)
     ids = tuple(dict.fromkeys(shared.get(f, f) for f in (spec.func, *spec.funcs)))
     return shared.setdefault(ids, ids)
+
+
+def _downstream(tasks: Iterable[TaskState]) -> set[TaskState]:
+    """``tasks`` and every task that depends on them, directly or not."""
+    seen = set(tasks)
+    stack = list(seen)
+    while stack:
+        for dts in stack.pop().dependents:
+            if dts not in seen:
+                seen.add(dts)
+                stack.append(dts)
+    return seen
 
 
 def _fids_of(func: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -141,8 +154,14 @@ class Submission:
                         found.append(dts)
                 # A key named twice is one dependency.
                 ts.dependencies = tuple(dict.fromkeys(found) if len(found) > 1 else found)
+                only = None  # (ts,): one tuple for every dependency it is the only dependent of
                 for dts in ts.dependencies:
-                    dts.dependents = added(dts.dependents, ts)
+                    if dts.dependents:
+                        dts.dependents = added(dts.dependents, ts)
+                    else:
+                        if only is None:
+                            only = (ts,)
+                        dts.dependents = only
             unsent = unsent_of.get(id(ts.func))
             if unsent is None:
                 unsent = [fid for fid in _fids_of(ts.func) if fid not in self.functions]
@@ -157,33 +176,71 @@ class Submission:
             else:
                 recs[ts] = "waiting"
         self._refuse_cycles([ts for ts, _ in new], recs, errs)
-        if cs.partial is not None:  # the earlier parts of this graph go first
-            # Extended in place: a copy per part would be quadratic in the parts, and
-            # hold the whole graph's recommendations twice at the peak.
-            cs.partial[0].update(recs)
-            cs.partial[1].update(errs)
-            recs, errs = cs.partial
-            cs.partial = None
-            if not msg.more and not msg.wanted:  # the client gave up on the graph
-                self._transitions(dict.fromkeys([*recs, *errs], "forgotten"), stimulus_id)
-                return
-        if msg.more:
-            cs.partial = (recs, errs)
+        del new
+        if cs.partial is None and not msg.more:  # a graph in one message
+            self._want_submitted(cs, msg.wanted, recs, errs, stimulus_id)
             return
-        for key in msg.wanted:
+        # A graph in parts: until its last part, its new tasks to wait are a list (8
+        # bytes a task, where a dict of recommendations would cost ~42 and double in
+        # size at the peak); every recommendation of a part is "waiting".
+        if cs.partial is None:
+            cs.partial = ([], {})
+        arriving, all_errs = cs.partial
+        arriving.extend(recs)  # extended in place: no copy per part
+        all_errs.update(errs)
+        del recs, errs
+        if msg.more:
+            return
+        cs.partial = None
+        if not msg.wanted:  # the client gave up on the graph
+            self._transitions(dict.fromkeys([*arriving, *all_errs], "forgotten"), stimulus_id)
+            return
+        self._want_submitted(cs, msg.wanted, {}, all_errs, stimulus_id, arriving)
+
+    def _want_submitted(
+        self,
+        cs: ClientRecord,
+        wanted: list[Key],
+        recs: Recs,
+        errs: Recs,
+        stimulus_id: str,
+        arriving: list[TaskState] | None = None,
+    ) -> None:
+        """The end of a submission: its client wants ``wanted``; the new tasks start
+        (``recs``, and ``arriving``: those of the earlier parts of a graph in parts)."""
+        tasks = self.tasks
+        for key in wanted:
             ts = tasks.get(key)
             if ts is None:
                 self.comm.send_client(cs.id, m.KeyCancelled(key, "not submitted", stimulus_id))
                 continue
             self._want(cs, ts, stimulus_id)
             if ts.state == "released" and ts not in recs and ts not in errs:
-                recs[ts] = "waiting"  # known but released: compute it again
+                # Known but released: compute it again. Named in ``arriving`` too, it is
+                # started once: a task no longer released is skipped below.
+                recs[ts] = "waiting"
         # Errors first: a dependent's "waiting" would otherwise overwrite its dependency's
         # "erred" and run it; dependents of failed tasks then are erred, not started.
+        # Nobody wants them, they are released again at once, their error forgotten:
+        # so they, and what they err, are kept from starting here ("doomed").
+        doomed = _downstream(errs) if errs else None
         self._transitions(errs, stimulus_id)
-        for ts in [ts for ts in recs if ts.state != "released"]:
+        for ts in [ts for ts in recs if ts.state != "released" or (doomed and ts in doomed)]:
             del recs[ts]  # in place: the graph's tasks are not copied at the peak
         self._transitions(recs, stimulus_id)
+        # The earlier parts' tasks, a slice at a time from the end (the order one dict
+        # of them all would be popped in), so their recommendations never are all held
+        # at once. A task already started through a dependent's recommendation (one in
+        # a later slice) is skipped.
+        while arriving:
+            start = max(0, len(arriving) - START_SLICE)
+            batch = {
+                ts: "waiting"
+                for ts in arriving[start:]
+                if ts.state == "released" and not (doomed and ts in doomed)
+            }
+            del arriving[start:]
+            self._transitions(batch, stimulus_id)
 
     def _refuse_cycles(self, new: list[TaskState], recs: Recs, errs: Recs) -> None:
         """Err every new task on, or downstream of, a dependency cycle.

@@ -115,6 +115,9 @@ def _dataframes() -> dict[str, Any]:
     }
 
 
+NO_BLOCKWISE = ("rechunk", "slicing", "concatenate", "argmax")  # no Blockwise left after fusion
+
+
 def _expr(*collections: Any) -> Any:
     return FinalizeCompute(collections_to_expr(list(collections), True)).optimize()
 
@@ -194,7 +197,7 @@ def test_array_graphs_equal_dasks(name: str, expanded: list[Any]) -> None:
     (dsk, annotations), (ref, ref_annotations) = both(_arrays()[name])
     assert_same_graph(dsk, ref)
     assert annotations == ref_annotations
-    if name not in ("rechunk", "slicing", "concatenate", "argmax"):  # no Blockwise left
+    if name not in NO_BLOCKWISE:
         assert expanded, "no layer was expanded: the test compared Dask with itself"
 
 
@@ -298,12 +301,14 @@ def client() -> Iterator[Client]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(_arrays()))
-def test_results_through_shoal_equal_sync(client: Client, name: str) -> None:
+def test_results_through_shoal_equal_sync(client: Client, name: str, expanded: list[Any]) -> None:
     coll = _arrays()[name]
     (expected,) = dask.compute(coll, scheduler="sync")
     (got,) = dask.compute(_arrays()[name], scheduler=client.get)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(client.compute(_arrays()[name]).result(), expected)
+    if name not in NO_BLOCKWISE:
+        assert expanded, "the client did not take the expanding path"
 
 
 @pytest.mark.timeout(120)

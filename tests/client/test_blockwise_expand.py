@@ -17,6 +17,8 @@ from dask._expr import FinalizeCompute
 from dask._task_spec import Alias, DataNode, Task, TaskRef
 from dask.base import collections_to_expr
 from dask.tokenize import tokenize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal import Client, LocalCluster
 from shoal.client import blockwise_expand, dask_graph
@@ -247,6 +249,51 @@ def test_dataframe_graphs_are_dasks(name: str) -> None:
     assert blockwise_expand.optimized_hlg(_expr(coll)) is None
     (dsk, _), (ref, _) = both(coll)
     assert_same_graph(dsk, ref)
+
+
+@st.composite
+def array_programs(draw: Any) -> Any:
+    """A random dask.array computation: random shapes and chunks, then a few
+    elementwise, broadcasting, transposing, map_blocks and reduction steps."""
+    ndim = draw(st.integers(1, 2))
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(ndim))
+    chunks = tuple(draw(st.integers(1, n)) for n in shape)
+    base = np.arange(float(np.prod(shape))).reshape(shape)
+    source = draw(st.sampled_from(["from_array", "ones", "arraylike"]))
+    if source == "from_array":
+        x = da.from_array(base, chunks=chunks)
+    elif source == "ones":
+        x = da.ones(shape, chunks=chunks)
+    else:
+        x = da.from_array(ArrayLike(base), chunks=chunks)
+    for step in draw(st.lists(st.integers(0, 6), min_size=1, max_size=4)):
+        if step == 0:
+            x = x * 2 + 1
+        elif step == 1:
+            x = x + x
+        elif step == 2:  # broadcast a 1-d array along the last axis
+            x = x + da.arange(x.shape[-1], chunks=x.chunks[-1])
+        elif step == 3 and x.ndim == 2:
+            x = (x.T + 1).T if x.shape[0] != x.shape[1] else x + x.T
+        elif step == 4:
+            x = x.map_blocks(_with_block_id, dtype=x.dtype)
+        elif step == 5 and x.ndim == 2:
+            x = x.sum(axis=draw(st.integers(0, 1)), split_every=draw(st.integers(2, 4)))
+        elif step == 6:
+            x = x.map_blocks(_inc)
+    return x
+
+
+@settings(max_examples=40)
+@given(array_programs())
+def test_random_array_programs_equal_dasks(x: Any) -> None:
+    (dsk, annotations), (ref, ref_annotations) = both(x)
+    assert_same_graph(dsk, ref)
+    assert annotations == ref_annotations
+    expr = _expr(x)
+    got, _ = blockwise_expand.materialize(expr)
+    (value,) = dask.get(got, list(dask.core.flatten(expr.__dask_keys__())))
+    np.testing.assert_array_equal(value, dask.compute(x, scheduler="sync")[0])
 
 
 def test_a_wrong_expansion_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

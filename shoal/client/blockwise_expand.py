@@ -115,7 +115,7 @@ def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:
         dsk = HighLevelGraph.from_collections(name, dsk, dependencies=())
     dsk = optimize_blockwise(dsk, keys=keys)
     dsk = _fuse_roots(dsk, keys=keys)
-    dsk = dsk.cull(set(keys))
+    dsk = _cull(dsk, set(keys))
     flat = expand_layers(dsk)
     flat = convert_legacy_graph(flat)
     flat = fuse_linear_task_spec(flat, keys=keys)
@@ -159,6 +159,90 @@ def _fuse_roots(graph: Any, keys: list) -> Any:
             dependencies[name] = set()
 
     return HighLevelGraph(layers, dependencies)
+
+
+def _cull(hlg: Any, keys: Any) -> Any:
+    """``HighLevelGraph.cull`` (this is its code), except for a Blockwise layer that
+    reads no other layer's blocks (its indexed inputs are all ``io_deps``: ``ones``,
+    ``random``, ``from_array``'s slices): Dask's ``Blockwise.cull`` computes a set of
+    dependencies for every block of it, from which only the layer's constant
+    dependencies come out. :func:`_cull_reading_no_blocks` gives the same layer and
+    the same keys to look for further."""
+    from dask.core import flatten
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.tokenize import tokenize
+
+    keys_set = set(flatten(keys))
+    if not any(layer.has_legacy_tasks for layer in hlg.layers.values()):
+        all_ext_keys: set = set()
+    else:
+        all_ext_keys = hlg.get_all_external_keys()
+    ret_layers: dict = {}
+    layer_dependencies = {}
+    tok = tokenize(keys_set)
+    for layer_name in reversed(hlg._toposort_layers()):
+        new_layer_name = f"{layer_name}-{tok}"
+        layer = hlg.layers[layer_name]
+        if keys_set:
+            shortcut = _cull_reading_no_blocks(layer, keys_set)
+            if shortcut is not None:
+                culled_layer, outputs, deps = shortcut
+                if not outputs:
+                    continue
+                keys_set |= deps
+                keys_set -= outputs
+            else:
+                culled_layer, culled_deps = layer.cull(keys_set, all_ext_keys)
+                if not culled_deps:
+                    continue
+                for k, d in culled_deps.items():
+                    keys_set |= d
+                    keys_set.discard(k)
+            layer = culled_layer
+        ret_layers[new_layer_name] = layer
+        layer_dependencies[new_layer_name] = hlg.dependencies[layer_name]
+    ret_layers_keys = set(ret_layers.keys())
+    ret_dependencies = {
+        layer_name: layer_dependencies[layer_name] & ret_layers_keys for layer_name in ret_layers
+    }
+    return HighLevelGraph(ret_layers, ret_dependencies)
+
+
+def _cull_reading_no_blocks(layer: Any, keys: set) -> tuple[Any, set, set] | None:
+    """``(culled layer, its output keys kept, their dependencies)`` as
+    ``Blockwise.cull`` gives them, for a Blockwise layer that reads no blocks of
+    another layer (its every block depends on the same keys); None for another layer.
+    (Dask adds each block's dependencies and then removes the block's own key, one
+    block after another: the same as all at once, since a block never depends on its
+    own layer's keys; where one would, Dask's way is taken.)"""
+    from dask._task_spec import TaskRef
+    from dask.blockwise import Blockwise
+
+    if type(layer) is not Blockwise:
+        return None
+    io_deps = layer.io_deps
+    const_deps = set()
+    for arg, ind in layer.indices:
+        if ind is None:
+            if isinstance(arg, TaskRef):
+                const_deps.add(arg.key)
+        elif arg not in io_deps:
+            return None  # reads another layer's blocks: Dask's way
+    if any(dep.produces_keys for dep in io_deps.values()):
+        return None
+    output = layer.output
+    output_blocks: set[tuple[int, ...]] = set()
+    for key in keys:
+        if key[0] == output:
+            output_blocks.add(key[1:])
+    outputs = {(output, *block) for block in output_blocks}
+    if const_deps & outputs:
+        return None
+    full = 1
+    for i in layer.output_indices:
+        full *= layer.dims[i]
+    culled = layer if full == len(outputs) else layer._cull(output_blocks)
+    return culled, outputs, const_deps if outputs else set()
 
 
 def expand_layers(hlg: Any) -> dict[Key, Any]:

@@ -95,6 +95,8 @@ def _arrays() -> dict[str, Any]:
         "random": rng.random((12, 12), chunks=4) * 0 + 1,
         "transpose_add": n + n.T,
         "rechunk": n.rechunk((6, 6)) + 1,
+        "partly_needed": (da.ones((40,), chunks=4) + 1)[:10].sum(),
+        "partly_needed_random": rng.random((12, 12), chunks=4)[:5, 4:] * 2,
         "matmul": n @ m,
         "tensordot": da.tensordot(n, m, axes=([1], [0])),
         "blockwise_transposed_input": da.blockwise(np.add, "ij", n, "ij", n, "ji", dtype=float),
@@ -309,6 +311,27 @@ def test_a_wrong_expansion_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     (dsk, _), (ref, _) = both(x.map_blocks(_inc) + x)
     with pytest.raises(AssertionError):
         assert_same_graph(dsk, ref)
+
+
+def test_cull_of_a_layer_reading_no_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Culling a Blockwise layer of io_deps only (no dependency set per block): used,
+    and the culled graph is Dask's, whole or in part."""
+    used: list[Any] = []
+    real = blockwise_expand._cull_reading_no_blocks
+
+    def spy(layer: Any, keys: set) -> Any:
+        out = real(layer, keys)
+        if out is not None:
+            used.append(len(out[1]))
+        return out
+
+    monkeypatch.setattr(blockwise_expand, "_cull_reading_no_blocks", spy)
+    whole = (da.ones((40,), chunks=4) + 1).sum()
+    part = (da.ones((40,), chunks=4) + 1)[:10].sum()
+    for coll in (whole, part):
+        (dsk, _), (ref, _) = both(coll)
+        assert_same_graph(dsk, ref)
+    assert used == [10, 3]  # every block, then the 3 blocks of the first 10 elements
 
 
 def test_a_materialised_layer_is_taken_as_it_is(expanded: list[Any]) -> None:

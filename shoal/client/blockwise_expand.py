@@ -322,7 +322,12 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
             if how == "key":
                 nodes[token] = TaskRef((arg, *arg_coords))
             elif how == "io":
-                val = parse_input(arg.get(arg_coords, arg_coords))
+                raw = arg.get(arg_coords, arg_coords)
+                t = type(raw)
+                if t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in raw)):
+                    nodes[token] = DataNode(token, raw)  # what parse_input leaves as it is
+                    continue
+                val = parse_input(raw)
                 if not isinstance(val, GraphNode):
                     nodes[token] = DataNode(token, val)
                 elif _touches(val, token_set):
@@ -347,6 +352,11 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
                 kwargs[name] = nodes[token]
         out[new_key] = Task(new_key, func, *args, _data_producer=producer, **kwargs)
     return out
+
+
+# Values that Dask's ``parse_input`` returns unchanged, also as items of a plain tuple
+# (a chunk's shape or slices, the usual values of an io_dep)
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), slice})
 
 
 def _input_coords(coords: tuple, cmap: list[int]) -> tuple:

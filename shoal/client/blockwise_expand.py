@@ -12,10 +12,13 @@ then renames the result once more.
 :func:`materialize` runs the same optimisation, step by step with Dask's own functions,
 except that a ``Blockwise`` layer it can reproduce exactly is expanded here: the same
 coordinate mapping (Dask's ``_get_coord_mapping``), the same substitution values, but
-all of a block's arguments substituted in one ``Task.substitute`` that also gives the
-task its key. The result is the graph Dask would have made: the same keys in the same
-order, the same task values and dependencies (``tests/client/test_blockwise_expand.py``
-compares them on many collections).
+each block's task built in one ``Task(...)`` from the template's arguments with its
+placeholders replaced (or one ``Task.substitute`` of all of them, where a placeholder
+is nested), values shared by all blocks made once. ``fuse_roots`` and the culling
+(Dask's code, copied) take the same shortcut for the Blockwise layers they touch. The
+result is the graph Dask would have made: the same keys in the same order, the same
+task values and dependencies (``tests/client/test_blockwise_expand.py`` compares them
+on many collections and on random ones).
 
 Anything else takes Dask's path unchanged: another kind of expression or optimiser,
 low-level fusion switched off, a graph already materialised, and, per layer, layers
@@ -27,6 +30,7 @@ placeholders).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import threading
@@ -92,6 +96,8 @@ def optimized_hlg(graph: Any) -> Any | None:
     from dask.array.optimization import optimize as array_optimize
     from dask.highlevelgraph import HighLevelGraph
 
+    if not _dask_internals_present():
+        return None
     if type(graph) is not _HLGExprSequence or "_optimized_dsk" in graph.__dict__:
         return None
     if config.get("optimization.fuse.active") is False:
@@ -103,6 +109,29 @@ def optimized_hlg(graph: Any) -> Any | None:
         return None
     graphs: list[Any] = [_array_optimize(op.hlg, op.__dask_keys__()) for op in operands]
     return HighLevelGraph.merge(*graphs)
+
+
+@functools.cache
+def _dask_internals_present() -> bool:
+    """Whether the installed Dask has the internals this module builds on; without
+    them, Dask's own path (a Dask whose internals changed their meaning instead is
+    what the tests comparing with Dask's graphs catch)."""
+    try:
+        from dask._expr import HLGExpr, _HLGExprSequence  # noqa: F401
+        from dask._task_spec import DataNode, Task, TaskRef, parse_input  # noqa: F401
+        from dask.array.optimization import _optimize_slices  # noqa: F401
+        from dask.blockwise import (  # noqa: F401
+            Blockwise,
+            _get_coord_mapping,
+            _lol_product,
+            blockwise_token,
+        )
+        from dask.highlevelgraph import HighLevelGraph
+    except ImportError:
+        return False
+    return all(hasattr(Blockwise, name) for name in ("_cull", "is_materialized", "dims")) and (
+        hasattr(HighLevelGraph, "_toposort_layers")
+    )
 
 
 def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:

@@ -383,6 +383,18 @@ def test_gc_pause_moves_the_graph_to_the_oldest_generation() -> None:
     del kept, oldest
 
 
+def test_without_dasks_internals_dasks_path(
+    monkeypatch: pytest.MonkeyPatch, expanded: list[Any]
+) -> None:
+    assert blockwise_expand._dask_internals_present()  # this Dask has them
+    monkeypatch.setattr(blockwise_expand, "_dask_internals_present", lambda: False)
+    coll = (da.arange(30, chunks=3) + 1).sum()
+    assert blockwise_expand.optimized_hlg(_expr(coll)) is None
+    (dsk, _), (ref, _) = both(coll)
+    assert_same_graph(dsk, ref)
+    assert not expanded
+
+
 def test_a_materialised_layer_is_taken_as_it_is(expanded: list[Any]) -> None:
     x = da.arange(40, chunks=4).map_blocks(_inc)
     layer = next(v for v in x.dask.layers.values() if type(v).__name__ == "Blockwise")

@@ -97,11 +97,11 @@ def phased_compute(client: Any, coll: Any) -> tuple[Any, dict[str, float], int]:
 
     import shoal
     from shoal.client import collections as coll_mod
+    from shoal.client.collections import materialize  # the client's own (blockwise_expand)
     from shoal.client.dask_graph import (
         annotations_for,
         check_graph,
         cull,
-        materialize,
         topological,
     )
     from shoal.shuffle import _dask as shuffle_dask

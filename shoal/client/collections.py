@@ -13,12 +13,12 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shoal.client import graph_data
+from shoal.client.blockwise_expand import materialize  # dask_graph's, Blockwise layers faster
 from shoal.client.dask_graph import (
     alias_targets,
     annotations_for,
     check_graph,
     cull,
-    materialize,
     skip_aliases,
 )
 from shoal.client.futures import Future

@@ -22,6 +22,7 @@ from shoal.client.dask_graph import (
     skip_aliases,
 )
 from shoal.client.futures import Future
+from shoal.client.gc_pause import gc_paused
 from shoal.client.graph_order import order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
@@ -36,6 +37,20 @@ if TYPE_CHECKING:
 
 
 def submit_graph(
+    client: Client,
+    graph: Any,
+    keys: Iterable[Key],
+    options: dict[str, Any] | None = None,
+    placed: dict[Key, Future] | None = None,
+    follow_aliases: bool = False,
+) -> dict[Key, Future]:
+    """Submit the part of ``graph`` that ``keys`` need; futures for ``keys`` (see
+    :func:`_submit_graph`), with the garbage collector paused (:mod:`gc_pause`)."""
+    with gc_paused():
+        return _submit_graph(client, graph, keys, options, placed, follow_aliases)
+
+
+def _submit_graph(
     client: Client,
     graph: Any,
     keys: Iterable[Key],

@@ -150,12 +150,21 @@ def skip_aliases(dsk: dict[Key, Any], keep: Iterable[Key]) -> dict[Key, Any]:
 def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None:
     """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
     that has a cycle; the error names the keys."""
-    missing = {
-        dk
-        for node in dsk.values()
-        for dk in node.dependencies
-        if dk not in dsk and not external(dk)
-    }
+    # On positions (Dask's tuple keys are hashed anew at every lookup), one pass over
+    # the dependencies for both checks.
+    keys = list(dsk)
+    get = {key: i for i, key in enumerate(keys)}.get
+    pending = [0] * len(keys)
+    dependents: list[list[int]] = [[] for _ in keys]
+    missing: set[Key] = set()
+    for i, node in enumerate(dsk.values()):
+        for dk in node.dependencies:
+            p = get(dk)
+            if p is not None:
+                pending[i] += 1
+                dependents[p].append(i)
+            elif not external(dk):
+                missing.add(dk)
     if missing:
         shown = ", ".join(sorted(map(repr, missing))[:20])
         raise ValueError(
@@ -163,25 +172,18 @@ def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None
             f"and not held by this client): {shown}"
         )
     # Kahn's algorithm: whatever never becomes free is on or after a cycle.
-    pending = {}
-    dependents: dict[Key, list[Key]] = {}
-    for key, node in dsk.items():
-        n = 0
-        for dk in node.dependencies:
-            if dk in dsk:
-                n += 1
-                dependents.setdefault(dk, []).append(key)
-        pending[key] = n
-    free = [k for k, n in pending.items() if n == 0]
+    free = [i for i, n in enumerate(pending) if n == 0]
+    freed = 0
     while free:
-        key = free.pop()
-        del pending[key]
-        for dk in dependents.get(key, ()):
-            pending[dk] -= 1
-            if pending[dk] == 0:
-                free.append(dk)
-    if pending:
-        on_cycle = _cycle_keys(dsk, pending)
+        i = free.pop()
+        freed += 1
+        for d in dependents[i]:
+            pending[d] -= 1
+            if pending[d] == 0:
+                free.append(d)
+    if freed < len(keys):
+        stuck = {keys[i]: n for i, n in enumerate(pending) if n}
+        on_cycle = _cycle_keys(dsk, stuck)
         shown = " -> ".join(map(repr, on_cycle))
         raise ValueError(f"the graph has a dependency cycle: {shown}")
 

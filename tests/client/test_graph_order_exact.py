@@ -117,3 +117,52 @@ def test_same_order_on_array_graphs():
     ):
         dsk = array_graph(collection)
         assert dependency_first(dsk) == reference_order(dsk)
+
+
+@st.composite
+def maybe_cyclic(draw):
+    """Graphs whose dependencies may point anywhere: often a cycle, sometimes a key
+    that exists nowhere."""
+    n = draw(st.integers(1, 30))
+    keys = [f"k{i}" for i in range(n)]
+    return {
+        k: draw(st.lists(st.sampled_from([*keys, "nowhere"]), max_size=3, unique=True))
+        for k in keys
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(maybe_cyclic())
+def test_check_graph_refuses_exactly_the_cyclic_graphs_naming_a_real_cycle(deps_by_key):
+    import graphlib
+
+    import pytest
+
+    from shoal.client.dask_graph import check_graph
+
+    dsk = graph({k: [d for d in ds if d != "nowhere"] for k, ds in deps_by_key.items()})
+    try:
+        tuple(graphlib.TopologicalSorter(deps_by_key).static_order())
+        cyclic = False
+    except graphlib.CycleError:
+        cyclic = True
+    if not cyclic:
+        check_graph(dsk, lambda k: False)
+        return
+    with pytest.raises(ValueError, match="cycle") as info:
+        check_graph(dsk, lambda k: False)
+    named = [eval(k) for k in str(info.value).split(": ", 1)[1].split(" -> ")]
+    assert named[0] == named[-1]
+    for key, dependency in zip(named, named[1:]):
+        assert dependency in deps_by_key[key]
+
+
+def test_check_graph_names_the_missing_keys_only():
+    import pytest
+
+    from shoal.client.dask_graph import check_graph
+
+    dsk = with_outside_refs({"a": ["outside"], "b": ["a"]})
+    check_graph(dsk, lambda k: k == "outside")
+    with pytest.raises(ValueError, match="1 key.*'outside'"):
+        check_graph(dsk, lambda k: False)

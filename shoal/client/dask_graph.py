@@ -267,27 +267,17 @@ class GraphEncoder:
         restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
         check_key(key)
-        if isinstance(node, self._alias):
-            func: Any = identity
-            args: tuple = (Dep(node.target),)
-            kwargs: dict = {}
+        func: Any
+        args: tuple
+        kwargs: dict
+        if type(node) is self._task:  # the usual node, before the isinstance chain
+            func, args, kwargs = self._task_call(node)
+        elif isinstance(node, self._alias):
+            func, args, kwargs = identity, (Dep(node.target),), {}
         elif isinstance(node, self._data):
             func, args, kwargs = identity, (node.value,), {}
         elif isinstance(node, self._task):
-            self._nested = False
-            args = tuple([self._arg(a) for a in node.args])
-            kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
-            func = node.func
-            if self._nested:
-                args, kwargs = (Call(TableFunction(func), args, kwargs),), {}
-                func = run_nested
-            else:
-                # A partial is taken apart, as for submit: one table entry for its
-                # function, however many different partials of it the graph holds.
-                while isinstance(func, functools.partial):
-                    args = func.args + args
-                    kwargs = {**func.keywords, **kwargs}
-                    func = func.func
+            func, args, kwargs = self._task_call(node)
         else:
             raise TypeError(f"the graph's value for {key!r} is not a task: {node!r}")
         fid = self.functions.register(func)
@@ -304,19 +294,42 @@ class GraphEncoder:
             key,
             fid,
             payload,
-            list(dict.fromkeys(deps)),
+            list(dict.fromkeys(deps)) if len(deps) > 1 else list(deps),
             priority=priority,
             retries=retries,
-            funcs=list(dict.fromkeys(funcs)),
+            funcs=list(dict.fromkeys(funcs)) if len(funcs) > 1 else list(funcs),
             restrictions=restrictions,
         )
+
+    def _task_call(self, node: Any) -> tuple[Any, tuple, dict]:
+        """``(func, args, kwargs)`` of a Dask ``Task``, its arguments as :meth:`_arg`
+        makes them."""
+        self._nested = False
+        arg = self._arg
+        args = tuple([arg(a) for a in node.args])
+        kwargs = {k: arg(v) for k, v in node.kwargs.items()} if node.kwargs else {}
+        func = node.func
+        if self._nested:
+            return run_nested, (Call(TableFunction(func), args, kwargs),), {}
+        # A partial is taken apart, as for submit: one table entry for its function,
+        # however many different partials of it the graph holds.
+        while isinstance(func, functools.partial):
+            args = func.args + args
+            kwargs = {**func.keywords, **kwargs}
+            func = func.func
+        return func, args, kwargs
 
     def _arg(self, a: Any) -> Any:
         """An argument as the task will see it: dependencies become references, Dask's
         containers and inline tasks become values or nested calls. Anything else is the
         user's own value and is passed on as it is, not looked into."""
-        if type(a) is self._taskref:
+        t = type(a)
+        if t is self._taskref:
             return Dep(a.key)
+        if t in _NOT_DASK:  # most arguments: no isinstance against Dask's ABC classes
+            return a
+        if t is self._data:
+            return a.value
         if isinstance(a, self._alias):
             return Dep(a.target)
         if isinstance(a, self._data):
@@ -342,6 +355,8 @@ def _reduce_task(task: Any) -> Any:
 
 
 _CONTAINER_KINDS: dict[Any, str] = {list: "list", tuple: "tuple", set: "set", dict: "dict"}
+# Builtin types, never one of Dask's graph node classes: passed on as they are.
+_NOT_DASK = frozenset({str, int, float, bool, type(None), bytes, tuple, list, dict})
 
 
 def annotations_for(

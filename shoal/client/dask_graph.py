@@ -330,6 +330,8 @@ class GraphEncoder:
             return a
         if t is self._data:
             return a.value
+        if t is self._alias:
+            return Dep(a.target)
         if isinstance(a, self._alias):
             return Dep(a.target)
         if isinstance(a, self._data):

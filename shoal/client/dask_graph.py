@@ -266,7 +266,6 @@ class GraphEncoder:
         retries: int = 0,
         restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
-        check_key(key)
         func: Any
         args: tuple
         kwargs: dict
@@ -290,16 +289,22 @@ class GraphEncoder:
         if encoded is None:
             encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
         payload, deps, funcs = encoded
-        return m.TaskSpec(
-            key,
-            fid,
-            payload,
-            list(dict.fromkeys(deps)) if len(deps) > 1 else list(deps),
-            priority=priority,
-            retries=retries,
-            funcs=list(dict.fromkeys(funcs)) if len(funcs) > 1 else list(funcs),
-            restrictions=restrictions,
-        )
+        try:
+            return m.TaskSpec(
+                key,
+                fid,
+                payload,
+                list(dict.fromkeys(deps)) if len(deps) > 1 else list(deps),
+                priority=priority,
+                retries=retries,
+                funcs=list(dict.fromkeys(funcs)) if len(funcs) > 1 else list(funcs),
+                restrictions=restrictions,
+            )
+        except ValueError:
+            # TaskSpec checks its key (as decoding does): once per task, not twice. A
+            # bad one is named as everywhere on the client, by a TypeError.
+            check_key(key)
+            raise
 
     def _task_call(self, node: Any) -> tuple[Any, tuple, dict]:
         """``(func, args, kwargs)`` of a Dask ``Task``, its arguments as :meth:`_arg`

@@ -75,3 +75,17 @@ def test_a_callable_option_is_asked_per_key():
         graph = x.__dask_graph__()
         collections.submit_graph(client, graph, names, collections._options({}))  # type: ignore[arg-type]
     assert sorted(s.priority for s in client.specs) == list(range(1, len(client.specs) + 1))
+
+
+def test_a_bad_key_in_a_graph_is_refused_naming_it():
+    import pytest
+    from dask._task_spec import DataNode, Task, TaskRef
+
+    encoder = GraphEncoder(FunctionTable(), {})
+    encoder.start_graph()
+    for bad in [b"bk", ("x", frozenset({1})), float("nan"), ("x", (1, ("y", ("z", (2,)))))]:
+        with pytest.raises(TypeError, match="invalid key"):
+            encoder.task_spec(bad, DataNode(bad, 1))
+        with pytest.raises(TypeError, match="invalid key"):
+            encoder.task_spec(bad, Task(bad, max, TaskRef("a"), 2))
+    assert encoder.task_spec(("x", 1), DataNode(("x", 1), 1)).key == ("x", 1)

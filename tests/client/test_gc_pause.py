@@ -88,3 +88,25 @@ def test_submit_graph_materialises_with_the_collector_paused(monkeypatch):
         collections.submit_graph(None, dask.delayed(1), ["x"])  # type: ignore[arg-type]
     assert states == [False]
     assert gc.isenabled()
+
+
+def test_what_was_made_meanwhile_joins_the_oldest_generation():
+    gc.collect()
+    with gc_paused():
+        made = [[i] for i in range(50_000)]  # tracked objects that live on
+    young = len(gc.get_objects(0)) + len(gc.get_objects(1))
+    assert young < 10_000, f"{young} objects left for the next young collections to walk"
+    assert gc.get_freeze_count() == 0  # moved, not left frozen
+    del made
+
+
+def test_objects_someone_froze_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            made = [[i] for i in range(1_000)]
+        assert gc.get_freeze_count() == frozen
+        del made
+    finally:
+        gc.unfreeze()

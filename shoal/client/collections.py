@@ -22,6 +22,7 @@ from shoal.client.dask_graph import (
     skip_aliases,
 )
 from shoal.client.futures import Future
+from shoal.client.gc_pause import gc_paused
 from shoal.client.graph_order import order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
@@ -36,6 +37,20 @@ if TYPE_CHECKING:
 
 
 def submit_graph(
+    client: Client,
+    graph: Any,
+    keys: Iterable[Key],
+    options: dict[str, Any] | None = None,
+    placed: dict[Key, Future] | None = None,
+    follow_aliases: bool = False,
+) -> dict[Key, Future]:
+    """Submit the part of ``graph`` that ``keys`` need; futures for ``keys`` (see
+    :func:`_submit_graph`), with the garbage collector paused (:mod:`gc_pause`)."""
+    with gc_paused():
+        return _submit_graph(client, graph, keys, options, placed, follow_aliases)
+
+
+def _submit_graph(
     client: Client,
     graph: Any,
     keys: Iterable[Key],
@@ -127,20 +142,35 @@ def submit_graph(
     def parts() -> Iterator[list[m.TaskSpec]]:
         # Encoded part by part while earlier parts are on their way: the scheduler never
         # holds the whole graph twice (as one decoded message and as tasks).
+        # Without per-layer or per-key annotations, every task has the same options:
+        # worked out once, not once per task.
+        same = not any(by_type.values()) and not any(map(callable, defaults.values()))
+        options = None
+        if same:
+            annots = annotations_for(None, by_type, defaults)  # type: ignore[arg-type]
+            options = (
+                int(annots.get("priority", 0)),
+                int(annots.get("retries", 0)),
+                restrictions(annots),
+                duration(annots),
+            )
+        task_spec = encoder.task_spec
         for start in range(0, max(len(ordered), 1), PART_SIZE):
             part = []
             for key in ordered[start : start + PART_SIZE]:
-                annots = annotations_for(key, by_type, defaults)
-                spec = encoder.task_spec(
-                    key,
-                    dsk[key],
-                    priority=int(annots.get("priority", 0)),
-                    retries=int(annots.get("retries", 0)),
-                    restrictions=restrictions(annots),
+                if options is None:
+                    annots = annotations_for(key, by_type, defaults)
+                    priority, retries = int(annots.get("priority", 0)), int(annots.get("retries", 0))
+                    restricted, hint = restrictions(annots), duration(annots)
+                else:
+                    priority, retries, restricted, hint = options
+                spec = task_spec(
+                    key, dsk[key], priority=priority, retries=retries, restrictions=restricted
                 )
                 if marks:
                     spec.shuffle = marks.get(key)
-                spec.duration = duration(annots)
+                if hint is not None:
+                    spec.duration = hint
                 part.append(spec)
             yield part
 

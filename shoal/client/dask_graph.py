@@ -150,12 +150,21 @@ def skip_aliases(dsk: dict[Key, Any], keep: Iterable[Key]) -> dict[Key, Any]:
 def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None:
     """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
     that has a cycle; the error names the keys."""
-    missing = {
-        dk
-        for node in dsk.values()
-        for dk in node.dependencies
-        if dk not in dsk and not external(dk)
-    }
+    # On positions (Dask's tuple keys are hashed anew at every lookup), one pass over
+    # the dependencies for both checks.
+    keys = list(dsk)
+    get = {key: i for i, key in enumerate(keys)}.get
+    pending = [0] * len(keys)
+    dependents: list[list[int]] = [[] for _ in keys]
+    missing: set[Key] = set()
+    for i, node in enumerate(dsk.values()):
+        for dk in node.dependencies:
+            p = get(dk)
+            if p is not None:
+                pending[i] += 1
+                dependents[p].append(i)
+            elif not external(dk):
+                missing.add(dk)
     if missing:
         shown = ", ".join(sorted(map(repr, missing))[:20])
         raise ValueError(
@@ -163,25 +172,18 @@ def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None
             f"and not held by this client): {shown}"
         )
     # Kahn's algorithm: whatever never becomes free is on or after a cycle.
-    pending = {}
-    dependents: dict[Key, list[Key]] = {}
-    for key, node in dsk.items():
-        n = 0
-        for dk in node.dependencies:
-            if dk in dsk:
-                n += 1
-                dependents.setdefault(dk, []).append(key)
-        pending[key] = n
-    free = [k for k, n in pending.items() if n == 0]
+    free = [i for i, n in enumerate(pending) if n == 0]
+    freed = 0
     while free:
-        key = free.pop()
-        del pending[key]
-        for dk in dependents.get(key, ()):
-            pending[dk] -= 1
-            if pending[dk] == 0:
-                free.append(dk)
-    if pending:
-        on_cycle = _cycle_keys(dsk, pending)
+        i = free.pop()
+        freed += 1
+        for d in dependents[i]:
+            pending[d] -= 1
+            if pending[d] == 0:
+                free.append(d)
+    if freed < len(keys):
+        stuck = {keys[i]: n for i, n in enumerate(pending) if n}
+        on_cycle = _cycle_keys(dsk, stuck)
         shown = " -> ".join(map(repr, on_cycle))
         raise ValueError(f"the graph has a dependency cycle: {shown}")
 
@@ -264,28 +266,17 @@ class GraphEncoder:
         retries: int = 0,
         restrictions: m.TaskRestrictions | None = None,
     ) -> m.TaskSpec:
-        check_key(key)
-        if isinstance(node, self._alias):
-            func: Any = identity
-            args: tuple = (Dep(node.target),)
-            kwargs: dict = {}
+        func: Any
+        args: tuple
+        kwargs: dict
+        if type(node) is self._task:  # the usual node, before the isinstance chain
+            func, args, kwargs = self._task_call(node)
+        elif isinstance(node, self._alias):
+            func, args, kwargs = identity, (Dep(node.target),), {}
         elif isinstance(node, self._data):
             func, args, kwargs = identity, (node.value,), {}
         elif isinstance(node, self._task):
-            self._nested = False
-            args = tuple([self._arg(a) for a in node.args])
-            kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
-            func = node.func
-            if self._nested:
-                args, kwargs = (Call(TableFunction(func), args, kwargs),), {}
-                func = run_nested
-            else:
-                # A partial is taken apart, as for submit: one table entry for its
-                # function, however many different partials of it the graph holds.
-                while isinstance(func, functools.partial):
-                    args = func.args + args
-                    kwargs = {**func.keywords, **kwargs}
-                    func = func.func
+            func, args, kwargs = self._task_call(node)
         else:
             raise TypeError(f"the graph's value for {key!r} is not a task: {node!r}")
         fid = self.functions.register(func)
@@ -298,23 +289,54 @@ class GraphEncoder:
         if encoded is None:
             encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
         payload, deps, funcs = encoded
-        return m.TaskSpec(
-            key,
-            fid,
-            payload,
-            list(dict.fromkeys(deps)),
-            priority=priority,
-            retries=retries,
-            funcs=list(dict.fromkeys(funcs)),
-            restrictions=restrictions,
-        )
+        try:
+            return m.TaskSpec(
+                key,
+                fid,
+                payload,
+                list(dict.fromkeys(deps)) if len(deps) > 1 else list(deps),
+                priority=priority,
+                retries=retries,
+                funcs=list(dict.fromkeys(funcs)) if len(funcs) > 1 else list(funcs),
+                restrictions=restrictions,
+            )
+        except ValueError:
+            # TaskSpec checks its key (as decoding does): once per task, not twice. A
+            # bad one is named as everywhere on the client, by a TypeError.
+            check_key(key)
+            raise
+
+    def _task_call(self, node: Any) -> tuple[Any, tuple, dict]:
+        """``(func, args, kwargs)`` of a Dask ``Task``, its arguments as :meth:`_arg`
+        makes them."""
+        self._nested = False
+        arg = self._arg
+        args = tuple([arg(a) for a in node.args])
+        kwargs = {k: arg(v) for k, v in node.kwargs.items()} if node.kwargs else {}
+        func = node.func
+        if self._nested:
+            return run_nested, (Call(TableFunction(func), args, kwargs),), {}
+        # A partial is taken apart, as for submit: one table entry for its function,
+        # however many different partials of it the graph holds.
+        while isinstance(func, functools.partial):
+            args = func.args + args
+            kwargs = {**func.keywords, **kwargs}
+            func = func.func
+        return func, args, kwargs
 
     def _arg(self, a: Any) -> Any:
         """An argument as the task will see it: dependencies become references, Dask's
         containers and inline tasks become values or nested calls. Anything else is the
         user's own value and is passed on as it is, not looked into."""
-        if type(a) is self._taskref:
+        t = type(a)
+        if t is self._taskref:
             return Dep(a.key)
+        if t in _NOT_DASK:  # most arguments: no isinstance against Dask's ABC classes
+            return a
+        if t is self._data:
+            return a.value
+        if t is self._alias:
+            return Dep(a.target)
         if isinstance(a, self._alias):
             return Dep(a.target)
         if isinstance(a, self._data):
@@ -340,6 +362,8 @@ def _reduce_task(task: Any) -> Any:
 
 
 _CONTAINER_KINDS: dict[Any, str] = {list: "list", tuple: "tuple", set: "set", dict: "dict"}
+# Builtin types, never one of Dask's graph node classes: passed on as they are.
+_NOT_DASK = frozenset({str, int, float, bool, type(None), bytes, tuple, list, dict})
 
 
 def annotations_for(

@@ -62,62 +62,67 @@ def dependency_first(dsk: Mapping[Key, Any]) -> list[Key]:
     dependent of one of their inputs) run at once, and so on from them: a value used by
     two branches (``x - x.mean()``) is consumed as soon as it can be, instead of being
     held until the depth-first walk comes back to it."""
-    position = {key: i for i, key in enumerate(dsk)}
-    deps_of: dict[Key, list[Key]] = {}
-    dependents: dict[Key, list[Key]] = {key: [] for key in dsk}
-    for key, node in dsk.items():
-        deps = [d for d in node.dependencies if d in position]
-        deps_of[key] = deps
-        for d in deps:
-            dependents[d].append(key)
-    unplaced_deps = {key: len(deps) for key, deps in deps_of.items()}
-    unplaced_dependents = {key: len(ds) for key, ds in dependents.items()}
-    rank = position.__getitem__
-    out: list[Key] = []
-    done: set[Key] = set()
+    # The walk runs on positions (ints), not keys: Dask's tuple keys are hashed anew
+    # at every dict or set lookup. Every list is kept in the graph's key order once,
+    # when built (dependents appended in that order, dependencies sorted), so that
+    # the walk never sorts.
+    keys = list(dsk)
+    n = len(keys)
+    position = {key: i for i, key in enumerate(keys)}
+    get = position.get
+    deps_of: list[list[int]] = []
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    for i, node in enumerate(dsk.values()):
+        deps = [p for p in map(get, node.dependencies) if p is not None]
+        if len(deps) > 1:
+            deps.sort()
+        deps_of.append(deps)
+        for p in deps:
+            dependents[p].append(i)
+    unplaced_deps = [len(deps) for deps in deps_of]
+    unplaced_dependents = [len(ds) for ds in dependents]
+    out: list[int] = []
+    done = [False] * n
 
-    def place(key: Key) -> None:
-        ready = [key]
+    def place(i: int) -> None:
+        ready = [i]
         while ready:
             k = ready.pop()
-            if k in done:
+            if done[k]:
                 continue
-            done.add(k)
+            done[k] = True
             out.append(k)
             for d in deps_of[k]:
                 unplaced_dependents[d] -= 1
             eager = []
             for dependent in dependents[k]:
-                unplaced_deps[dependent] -= 1
-                if (
-                    unplaced_deps[dependent] == 0
-                    and dependent not in done
-                    and any(unplaced_dependents[d] == 1 for d in deps_of[dependent])
-                ):
-                    eager.append(dependent)
+                left = unplaced_deps[dependent] - 1
+                unplaced_deps[dependent] = left
+                if left == 0 and not done[dependent]:
+                    for d in deps_of[dependent]:
+                        if unplaced_dependents[d] == 1:
+                            eager.append(dependent)
+                            break
             if eager:
-                eager.sort(key=rank, reverse=True)  # the first in key order runs first
+                eager.reverse()  # the first in key order runs first
                 ready.extend(eager)
 
-    expanded: set[Key] = set()
-    for output in dsk:
+    expanded = [False] * n
+    for output in range(n):
         if dependents[output]:
             continue
         stack = [output]
         while stack:
-            key = stack[-1]
-            if key in done:
+            i = stack[-1]
+            if done[i]:
                 stack.pop()
-            elif key in expanded:
+            elif expanded[i]:
                 stack.pop()
-                place(key)
+                place(i)
             else:
-                expanded.add(key)
-                todo = [d for d in deps_of[key] if d not in done]
-                if todo:
-                    # reversed onto the stack: the first dependency is run first
-                    todo.sort(key=rank, reverse=True)
-                    stack.extend(todo)
-    if len(out) != len(dsk):  # only a cycle leaves keys unreached
+                expanded[i] = True
+                # reversed onto the stack: the first dependency is run first
+                stack.extend([d for d in reversed(deps_of[i]) if not done[d]])
+    if len(out) != n:  # only a cycle leaves keys unreached
         raise ValueError("the graph has a dependency cycle")
-    return out
+    return [keys[i] for i in out]

@@ -206,6 +206,12 @@ class SubmitMixin:
             try:
                 part = next(parts)
                 for following in itertools.chain(parts, (None,)):
+                    if self.status != "running":
+                        # The scheduler was lost (or the client closed) mid-graph: stop
+                        # encoding the rest, which nobody would receive.
+                        raise RuntimeError(
+                            f"the client is {self.status}: the graph was not sent in full"
+                        )
                     unique = []
                     for spec in part:
                         if spec.key not in seen:

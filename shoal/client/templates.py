@@ -48,6 +48,7 @@ MAX_TEMPLATE_BYTES = 64 * 1024
 GIVE_UP_MISSES = 256  # after this many misses with fewer hits, stop trying for the graph
 
 _SLOT = 0
+_KEY = object()  # in a flat shape: a dict key that is not a str, its shape follows
 _PLAIN_SLOT_TYPES = frozenset({str, bytes, bool, int, float, type(None)})
 
 
@@ -87,14 +88,13 @@ class LayerTemplates:
         slots: list[Any] = []
         pinned: list[Any] = []
         seen: set[int] = set()
+        flat: list[Any] = [func_id]
         try:
-            shape = (
-                func_id,
-                self._shape(args, slots, pinned, seen),
-                self._shape(kwargs, slots, pinned, seen),
-            )
+            self._walk(args, flat, slots, pinned, seen)
+            self._walk(kwargs, flat, slots, pinned, seen)
         except _Unshapeable:
             return None
+        shape = tuple(flat)
         if not pinned:  # only plain values: plain msgpack carries them (or pickle)
             return None
         template = self._templates.get(shape)
@@ -125,57 +125,68 @@ class LayerTemplates:
         data = template_payload(template.template_id, slot_bytes)
         return TaskArgs(Payload(TEMPLATE, data), deps, template.funcs)
 
-    def _shape(self, obj: Any, slots: list[Any], pinned: list[Any], seen: set[int]) -> Any:
+    def _walk(
+        self, obj: Any, shape: list[Any], slots: list[Any], pinned: list[Any], seen: set[int]
+    ) -> None:
+        """Append ``obj``'s shape to ``shape``, flat: its tree in pre-order, each node a
+        label (``_SLOT``, a container type, ``Call``, ``Build``, ``"o"``/``"f"``: an
+        object/function by identity) followed by its size or id, so that equal flat
+        shapes are equal trees. One flat tuple hashes and compares much faster than
+        nested ones (a dict lookup per task)."""
         t = type(obj)
         if t in _PLAIN_SLOT_TYPES or t in self.ref_types:
             slots.append(obj)
-            return _SLOT
-        if t is tuple or t is list:
+            shape.append(_SLOT)
+        elif t is tuple or t is list:
             if t is list:
                 if id(obj) in seen:  # pickle would keep the two places one object
                     raise _Unshapeable
                 seen.add(id(obj))
-            return (t, *self._items(obj, slots, pinned, seen))
-        if t is dict:
+            shape.append(t)
+            shape.append(len(obj))
+            ref_types = self.ref_types
+            for x in obj:
+                tx = type(x)
+                if tx in _PLAIN_SLOT_TYPES or tx in ref_types:  # most items: no call
+                    slots.append(x)
+                    shape.append(_SLOT)
+                else:
+                    self._walk(x, shape, slots, pinned, seen)
+        elif t is dict:
             if id(obj) in seen:
                 raise _Unshapeable
             seen.add(id(obj))
-            out: list[Any] = [dict]
+            shape.append(dict)
+            shape.append(len(obj))
             for k, v in obj.items():
-                # str keys (names in a fused subgraph) are the shape's own: by value
-                out.append(k if type(k) is str else ("k", self._shape(k, slots, pinned, seen)))
-                out.append(self._shape(v, slots, pinned, seen))
-            return tuple(out)
-        if t is Call:
-            return (
-                Call,
-                self._shape(obj.func, slots, pinned, seen),
-                self._shape(obj.args, slots, pinned, seen),
-                self._shape(obj.kwargs, slots, pinned, seen),
-            )
-        if t is Build:
-            return (Build, obj.kind, self._shape(obj.items, slots, pinned, seen))
-        if t is TableFunction:
+                # str keys (names in a fused subgraph) are the shape's own: by value;
+                # any other key is a shape of its own, after a label no str equals
+                if type(k) is str:
+                    shape.append(k)
+                else:
+                    shape.append(_KEY)
+                    self._walk(k, shape, slots, pinned, seen)
+                self._walk(v, shape, slots, pinned, seen)
+        elif t is Call:
+            shape.append(Call)
+            self._walk(obj.func, shape, slots, pinned, seen)
+            self._walk(obj.args, shape, slots, pinned, seen)
+            self._walk(obj.kwargs, shape, slots, pinned, seen)
+        elif t is Build:
+            shape.append(Build)
+            shape.append(obj.kind)
+            self._walk(obj.items, shape, slots, pinned, seen)
+        elif t is TableFunction:
             pinned.append(obj.func)
-            return ("f", id(obj.func))
-        if plain_codec.is_numpy_scalar(t):
+            shape.append("f")
+            shape.append(id(obj.func))
+        elif plain_codec.is_numpy_scalar(t):
             slots.append(obj)
-            return _SLOT
-        pinned.append(obj)
-        return ("o", id(obj))
-
-    def _items(self, items: Any, slots: list[Any], pinned: list[Any], seen: set[int]) -> list:
-        """The shapes of a tuple's or list's items; slots without a call each."""
-        out = []
-        ref_types = self.ref_types
-        for x in items:
-            t = type(x)
-            if t in _PLAIN_SLOT_TYPES or t in ref_types:
-                slots.append(x)
-                out.append(_SLOT)
-            else:
-                out.append(self._shape(x, slots, pinned, seen))
-        return out
+            shape.append(_SLOT)
+        else:
+            pinned.append(obj)
+            shape.append("o")
+            shape.append(id(obj))
 
     def _make(self, args: tuple, kwargs: dict, pinned: list[Any]) -> _Template:
         counter = [0]

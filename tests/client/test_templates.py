@@ -306,3 +306,40 @@ def _resolved(obj):
     if type(obj) is dict:
         return {k: _resolved(v) for k, v in obj.items()}
     return obj
+
+
+def test_structures_alike_when_flattened_get_templates_of_their_own():
+    # Shapes are flat tuples (pre-order, labels and sizes): arguments that a careless
+    # flattening would confuse must each decode to exactly themselves.
+    m_ = np.arange(2)
+    alike = [
+        (((m_, 1), 2), {}),
+        ((m_, (1, 2)), {}),
+        ((m_, 1, 2), {}),
+        (((m_, 1, 2),), {}),
+        (([m_, 1], 2), {}),
+        (({"o": 1, "x": m_},), {}),
+        (({"o": m_},), {}),
+        (({5: m_},), {}),
+        (({"5": m_},), {}),
+        (({0: m_},), {}),
+        ((m_,), {"o": 1}),
+        ((m_, {}), {}),
+        ((m_, ()), {}),
+        ((m_, []), {}),
+        ((m_, Dep("k")), {}),
+        ((m_, "k"), {}),
+    ]
+    functions = FunctionTable()
+    cache = LayerTemplates(functions, {Dep: lambda d: d.key})
+    for args, kwargs in alike:  # each met once: the next are templated
+        cache.encode("fid", args, kwargs)
+    for args, kwargs in alike * 2:
+        encoded = cache.encode("fid", args, kwargs)
+        assert encoded is not None and encoded.payload.kind == TEMPLATE
+        loader = FunctionCache()
+        loader.add(dict(functions.bytes))
+        assert_same(loads_task_args(encoded.payload, Value, loader.get), _resolved((args, kwargs)))
+    # a slot is a slot whatever its value: {5: m} and {0: m} share one template, as do
+    # (m, Dep) and (m, str); every other structure has its own
+    assert len(cache._templates) == len(alike) - 2

@@ -29,63 +29,25 @@ placeholders).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import itertools
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from shoal.client import dask_graph
+from shoal.client.gc_pause import gc_paused
 from shoal.protocol.messages import Key
 
 
 def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """:func:`shoal.client.dask_graph.materialize`, with the Blockwise layers of a
     Dask array expression expanded here (see the module's docstring)."""
-    with _gc_paused():
+    with gc_paused():
         optimized = optimized_hlg(graph)
         if optimized is not None:
             # Dask's own expression finishes the job from the optimised graph it would
             # have made itself (its cached property): merging, annotations, the dict.
             graph.__dict__["_optimized_dsk"] = optimized
         return dask_graph.materialize(graph)
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a graph is made: it creates millions of
-    objects that all stay alive, and every collection the allocations trigger walks the
-    whole growing heap again for nothing (half of a 100k-task graph's materialising
-    time). After it, the objects made meanwhile go straight to the oldest generation
-    (``gc.freeze`` then ``gc.unfreeze``, unless something else keeps objects frozen):
-    otherwise the next young collections would walk them all, two or three times,
-    while the graph is encoded. Cycles made meanwhile are collected by the next full
-    collection."""
-    global _gc_pausers
-    with _gc_lock:
-        if _gc_pausers == 0 and not gc.isenabled():
-            pausing = False  # someone else turned it off: theirs to turn back on
-        else:
-            pausing = True
-            _gc_pausers += 1
-            gc.disable()
-    try:
-        yield
-    finally:
-        if pausing:
-            with _gc_lock:
-                _gc_pausers -= 1
-                if _gc_pausers == 0:
-                    if gc.get_freeze_count() == 0:
-                        gc.freeze()
-                        gc.unfreeze()
-                    gc.enable()
 
 
 def optimized_hlg(graph: Any) -> Any | None:

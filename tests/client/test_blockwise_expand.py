@@ -334,55 +334,6 @@ def test_cull_of_a_layer_reading_no_blocks(monkeypatch: pytest.MonkeyPatch) -> N
     assert used == [10, 3]  # every block, then the 3 blocks of the first 10 elements
 
 
-def test_gc_paused_while_materialising_and_restored() -> None:
-    import gc
-
-    assert gc.isenabled()
-    with blockwise_expand._gc_paused():
-        assert not gc.isenabled()
-        with blockwise_expand._gc_paused():  # another thread's graph meanwhile
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the first one is still being made
-    assert gc.isenabled()
-    gc.disable()  # someone else's choice: left as it is
-    try:
-        with blockwise_expand._gc_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
-def test_gc_pause_leaves_someone_elses_frozen_objects_frozen() -> None:
-    import gc
-
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        assert frozen > 0
-        with blockwise_expand._gc_paused():
-            kept = [[i] for i in range(1000)]
-        assert gc.get_freeze_count() == frozen
-        assert gc.isenabled()
-        del kept
-    finally:
-        gc.unfreeze()
-
-
-def test_gc_pause_moves_the_graph_to_the_oldest_generation() -> None:
-    import gc
-
-    if gc.get_freeze_count():
-        pytest.skip("objects frozen in this process already: the pause leaves them be")
-    gc.collect()
-    with blockwise_expand._gc_paused():
-        kept = [[i] for i in range(10_000)]
-    oldest = {id(o) for o in gc.get_objects(generation=2)}
-    assert id(kept[0]) in oldest and id(kept[-1]) in oldest
-    assert gc.get_freeze_count() == 0
-    del kept, oldest
-
-
 def test_without_dasks_internals_dasks_path(
     monkeypatch: pytest.MonkeyPatch, expanded: list[Any]
 ) -> None:

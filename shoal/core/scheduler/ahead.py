@@ -89,7 +89,6 @@ class PlaceAhead:
             if (
                 ws is None
                 or dts.waiting_on
-                or dts in self.steals
                 or self.nlimited
                 or ws.address not in self.runnable
                 or not ws.min_slots

@@ -17,6 +17,7 @@ from shoal.protocol.messages import (
     FreeKeys,
     KeyErred,
     KeyInMemory,
+    RegisterActor,
     ReleaseCompute,
     StealReply,
     StealRequest,
@@ -233,3 +234,14 @@ def test_an_early_result_of_a_task_ahead_is_not_taken():
     sim.finish("b")  # cannot happen (the worker reports in order): ignored
     assert sim.state("b") == "processing" and sim.ts("b").waiting_on
     assert sim.run_all() == ["a", "b"]
+
+
+def test_an_actor_is_not_sent_ahead():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"r1": [], "r2": []})  # W1's slots are taken: a waits in the queue
+    sim.submit({"a": [], "b": ["a"], "c": ["a"]}, wanted=["b", "c"], sid="more")
+    assert sim.state("a") == "queued"
+    sim.s.handle_client("c", RegisterActor(["b"], "actor"))
+    sim.finish("r1")  # a starts: c follows it, the actor b waits for its turn
+    assert sim.worker_of("a") == W1 and sim.ws(W1).ahead == {sim.ts("c")}
+    assert sim.state("b") == "waiting"

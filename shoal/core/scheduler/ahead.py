@@ -25,8 +25,9 @@ reports TaskFinished from W. Anything else that happens to a dependency takes it
 
 Bounded run-ahead, so that a large graph's frontier is not pinned to one worker: only
 one level ahead (a task waiting ahead is not itself waited on ahead), at most
-:data:`AHEAD_PER_THREAD` tasks ahead per thread of a worker, only unrestricted tasks,
-only on a worker that takes new tasks, and not while workers have walltime limits.
+:data:`AHEAD_PER_THREAD` tasks ahead per thread of a worker, only unrestricted tasks
+that are neither a shuffle's nor an actor, only on a worker that takes new tasks, and
+not while workers have walltime limits.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class PlaceAhead:
     steals: dict[TaskState, Any]
     free_workers: set[WorkerRecord]
     nlimited: int
+    shuffle_tasks: dict[TaskState, Any]
+    _actor_ids: dict[Any, str]
     transition_counter: int
     _record_transition: Callable[[tuple[Any, ...]], None]
 
@@ -108,8 +111,11 @@ class PlaceAhead:
 
     def _may_wait_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
         """Every dependency ``ts`` waits on processes on ``ws`` for real (not ahead,
-        no steal request out); ``ts`` itself is unrestricted and recomputable."""
+        no steal request out); ``ts`` itself is unrestricted and recomputable, and not
+        a task the scheduler coordinates (a shuffle's, an actor)."""
         if ts.restrictions is not None or ts.payload is None or not ts.waiting_on:
+            return False
+        if (self.shuffle_tasks and ts in self.shuffle_tasks) or ts.key in self._actor_ids:
             return False
         steals = self.steals
         for dts in ts.waiting_on:

@@ -329,7 +329,9 @@ class Run:
             watched = [self.keys[(r + i) % len(self.keys)] for i in range(1 + r % 3)]
             s.handle_client(c, WatchProgress(r % 3, watched, "watch"))
         elif kind == "miss":  # a worker found no holder of a dependency
-            with_deps = [k for k in runnable if self.dag[k]]
+            # (also a task sent ahead: its worker may have lost the race with a failure
+            # of the dependency, reported before the task came)
+            with_deps = [k for k in processing if self.dag[k]]
             if with_deps:
                 k = with_deps[r % len(with_deps)]
                 address = self.sim.worker_of(k)

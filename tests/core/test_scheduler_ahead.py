@@ -17,10 +17,12 @@ from shoal.protocol.messages import (
     FreeKeys,
     KeyErred,
     KeyInMemory,
+    MissingData,
     RegisterActor,
     ReleaseCompute,
     StealReply,
     StealRequest,
+    TaskRestrictions,
     WorkerStatus,
 )
 
@@ -71,14 +73,22 @@ def test_a_dependent_of_tasks_on_two_workers_is_not_sent_ahead():
     assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
 
 
-def test_a_dependency_in_memory_elsewhere_does_not_stop_it():
+def test_only_with_every_dependency_on_the_worker():
     sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
-    sim.scatter(W2, {"x": 8})
-    sim.submit({"a": [], "b": ["a", "x"]}, wanted=["b"])
+    sim.scatter(W1, {"x": 8})
+    sim.scatter(W2, {"y": 8})
+    sim.scatter(W1, {"z": 8})
+    sim.scatter(W2, {"z": 8})  # a replica on each
+    sim.submit({"a": [], "b": ["a", "x", "y"], "c": ["a", "z"]}, wanted=["b", "c"])
     w = sim.worker_of("a")
-    assert sim.worker_of("b") == w
-    (sent,) = [c for c in computes(sim.to_worker(w)) if c.key == "b"]
-    assert sorted(sent.deps, key=lambda d: d.key) == [DepInfo("a", 0, []), DepInfo("x", 8, [W2])]
+    # b needs data on both workers: placed once ready, where it is best then
+    assert sim.state("b") == "waiting"
+    assert sim.worker_of("c") == w  # z is in memory there too
+    (sent,) = [c for c in computes(sim.to_worker(w)) if c.key == "c"]
+    assert sorted(sent.deps, key=lambda d: d.key) == [
+        DepInfo("a", 0, []),
+        DepInfo("z", 8, [W1, W2]),
+    ]
 
 
 def test_at_most_two_per_thread_ahead_on_a_worker():
@@ -169,16 +179,16 @@ def test_the_worker_dying_reschedules_the_pair_elsewhere():
 
 def test_a_lost_dependency_in_memory_takes_the_task_ahead_back():
     sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
-    sim.scatter(W2, {"x": 8})
-    sim.submit({"a": [], "b": ["a", "x"]}, wanted=["b"])
-    w = sim.worker_of("b")
-    assert w != W2 or sim.worker_of("a") == W2
-    if w == W2:
-        return  # (placement put both where x is: nothing to lose separately)
+    sim.scatter(W1, {"x": 8})
+    on = {k: TaskRestrictions([w]) for k, w in (("a", W1), ("c", W2))}
+    sim.submit({"a": [], "b": ["a", "x"], "c": ["x"]}, wanted=["b", "c"], restrictions=on)
+    assert sim.ts("b") in sim.ws(W1).ahead and sim.worker_of("c") == W2
     sim.clear()
-    sim.remove_worker(W2)  # x, scattered, cannot be recomputed: b errs
-    assert sim.state("b") == "erred"
-    assert FreeKeys(["b"], "remove-w") in sim.to_worker(w)
+    # W2 finds no copy of x on W1: x is lost (scattered: not recomputable)
+    sim.s.handle_worker(W2, MissingData("c", ["x"], "miss", [[W1]]))
+    assert sim.state("b") == "erred" and sim.state("c") == "erred"
+    assert FreeKeys(["b"], "miss") in sim.to_worker(W1)
+    assert sim.ws(W1).ahead == set()
 
 
 def test_a_task_ahead_is_not_stolen_nor_what_it_waits_on():

@@ -3,11 +3,10 @@
 
 Every level of a graph used to cost a round trip: the worker reports TaskFinished, the
 scheduler decides, and a ComputeTask travels back before the next level starts. A task
-whose dependencies are all being computed on one worker W (or are already in memory,
-anywhere) need not wait for that: it is sent to W at once, *ahead*. The worker holds it
-in ``waiting`` until its local dependencies are in memory (fetching those held by
-peers, as for any task) and starts it the moment they finish, with no message in
-between.
+whose dependencies are all on one worker W, being computed there (or already in
+memory there), need not wait for that: it is sent to W at once, *ahead*. The worker
+holds it in ``waiting`` until its local dependencies are in memory and starts it the
+moment they finish, with no message in between.
 
 An ahead task is in state ``processing`` on W with a non-empty ``waiting_on`` (the
 dependencies still processing on W), and is in ``W.ahead``. It holds no thread: it does
@@ -110,16 +109,22 @@ class PlaceAhead:
                     self.placed_ahead += 1
 
     def _may_wait_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
-        """Every dependency ``ts`` waits on processes on ``ws`` for real (not ahead,
-        no steal request out); ``ts`` itself is unrestricted and recomputable, and not
-        a task the scheduler coordinates (a shuffle's, an actor)."""
+        """Every dependency of ``ts`` is on ``ws``: in memory there, or processing there
+        for real (not ahead, no steal request out), so that ``ws`` is where the data
+        will all be (a task needing data from elsewhere is placed as usual, once it is
+        ready: an idle worker may then be better). ``ts`` itself is unrestricted and
+        recomputable, and not a task the scheduler coordinates (a shuffle's, an actor)."""
         if ts.restrictions is not None or ts.payload is None or not ts.waiting_on:
             return False
         if (self.shuffle_tasks and ts in self.shuffle_tasks) or ts.key in self._actor_ids:
             return False
         steals = self.steals
-        for dts in ts.waiting_on:
-            if (
+        waiting_on = ts.waiting_on
+        for dts in ts.dependencies:
+            if dts not in waiting_on:  # in memory: here, or it is no better here
+                if ws not in dts.who_has:
+                    return False
+            elif (
                 dts.processing_on is not ws
                 or dts.state != "processing"
                 or dts.waiting_on

@@ -23,7 +23,7 @@ from shoal.client.dask_graph import (
 )
 from shoal.client.futures import Future
 from shoal.client.gc_pause import gc_paused
-from shoal.client.graph_order import order_bound, submission_order
+from shoal.client.graph_order import TRIVIAL_TASKS, order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -93,7 +93,8 @@ def _submit_graph(
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
     encoder.start_graph()
-    ordered = submission_order(dsk, order_bound())
+    # (a graph too small to order needs no bound: no config lookup per small compute)
+    ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None)
     # Large data nodes are placed on the workers (or found there) before the graph is
     # sent: the graph then depends on their keys like on held futures, held until sent.
     data: dict[Key, Future] = {}

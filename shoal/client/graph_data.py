@@ -184,7 +184,7 @@ def place(
         # On the client's loop (an asynchronous client) a scatter cannot be waited
         # for here: the data stays inline in the graph.
         return {}
-    min_bytes = _bytes_setting(MIN_BYTES_KEY)
+    min_bytes = -1  # looked up at the first data node: most graphs have none
     cache = client.graph_data
     found: dict[Key, Future] = {}
     to_send: dict[Key, tuple[Any, str, int]] = {}
@@ -193,6 +193,8 @@ def place(
             continue
         value = node.value
         nbytes = int(sizeof(value))
+        if min_bytes < 0:
+            min_bytes = _bytes_setting(MIN_BYTES_KEY)
         if nbytes < min_bytes or inline(key):
             continue
         type_name = f"{type(value).__module__}.{type(value).__qualname__}"

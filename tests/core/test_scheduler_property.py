@@ -116,7 +116,7 @@ class Run:
         self.keys = [key(i) for i in range(len(sc.deps))]
         self.dag = {self.keys[i]: [self.keys[d] for d in ds] for i, ds in enumerate(sc.deps)}
         self.descendants = self._descendants()
-        self.sim = Sim(workers={}, clients=CLIENTS)
+        self.sim = Sim(workers={}, clients=CLIENTS, ahead=True)
         # Workers come and go at random here, so a task may be present at many deaths:
         # KilledWorker (tests/core/test_scheduler_faults.py) would err it; this model's
         # errors are the explicit failures only.
@@ -158,7 +158,9 @@ class Run:
                     assert msg.func in model.functions, "task before its function"
                     assert msg.key not in model.running
                     for dep in msg.deps:
-                        assert dep.who_has, f"{msg.key} sent with {dep.key} held nowhere"
+                        # held somewhere, or computing on this worker (sent ahead of it)
+                        ok = dep.who_has or dep.key in model.running
+                        assert ok, f"{msg.key} sent with {dep.key} held nowhere"
                     self.check_placement(msg, address)
                     # a result is inlined only for a key a client wants (one wanting it
                     # later than this is told its holders instead)
@@ -175,6 +177,14 @@ class Run:
                     model.running.difference_update(msg.keys)
                     model.data.difference_update(msg.keys)
             assert model.running == self.sim.on(address), address
+        held = set().union(*(model.data for model in self.models.values()))
+        for address, model in self.models.items():
+            # Nothing waits on a dependency that failed or was lost: each is held, or
+            # still computing on the same worker (a task sent ahead of it).
+            for k in model.running:
+                for d in self.dag.get(k, ()):
+                    assert d in held or d in model.running, (k, d, address)
+        for address, model in self.models.items():
             held = sum(self.gpus_needed(k) for k in model.running)
             assert held <= model.gpus, f"{address} runs {held} GPUs' worth, has {model.gpus}"
             assert model.data == self.sim.holds(address), address
@@ -235,8 +245,15 @@ class Run:
     def processing(self) -> list[str]:
         return sorted(self.sim.processing())
 
+    def runnable(self) -> list[str]:
+        """What a worker could finish (or fail) now: not waiting ahead on a dependency."""
+        return sorted(self.sim.runnable())
+
     def finish(self, k: str) -> None:
         address = self.sim.worker_of(k)
+        # a result only from dependencies that exist: never from a failed or lost one
+        held = set().union(*(model.data for model in self.models.values()))
+        assert set(self.dag.get(k, ())) <= held, (k, self.dag[k])
         self.sim.finish(k, nbytes=len(k))
         self.models[address].running.discard(k)
         self.models[address].data.add(k)
@@ -254,8 +271,9 @@ class Run:
     def step(self, kind: str, r: int) -> None:
         s = self.sim.s
         processing = self.processing()
-        if kind in ("finish", "fail") and processing:
-            k = processing[r % len(processing)]
+        runnable = self.runnable()
+        if kind in ("finish", "fail") and runnable:
+            k = runnable[r % len(runnable)]
             (self.finish if kind == "finish" else self.fail)(k)
         elif kind == "add" and self.nworkers < 8:
             self.add_worker(1 + r % 2)
@@ -311,6 +329,8 @@ class Run:
             watched = [self.keys[(r + i) % len(self.keys)] for i in range(1 + r % 3)]
             s.handle_client(c, WatchProgress(r % 3, watched, "watch"))
         elif kind == "miss":  # a worker found no holder of a dependency
+            # (also a task sent ahead: its worker may have lost the race with a failure
+            # of the dependency, reported before the task came)
             with_deps = [k for k in processing if self.dag[k]]
             if with_deps:
                 k = with_deps[r % len(with_deps)]
@@ -343,10 +363,10 @@ class Run:
                 self.sync()
         for _ in range(10 * len(self.keys) + 10):
             self.drain_all()
-            processing = self.processing()
-            if not processing:
-                break
-            self.finish(processing[0])
+            runnable = self.runnable()
+            if not runnable:
+                break  # (check_outcome: nothing left processing, ahead or not)
+            self.finish(runnable[0])
             self.sync()
         self.check_outcome()
         self.release_everything()

@@ -135,3 +135,25 @@ def test_cli_help_shows_defaults_from_the_config() -> None:
         timeout=60,
     ).stdout
     assert "3, config shoal.worker.nthreads" in " ".join(work.split())
+
+
+def test_distributed_keys_are_read_afresh_after_every_change() -> None:
+    # (user_distributed_keys caches its scan of the distributed tree while it is unchanged)
+    key = "distributed.scheduler.allowed-failures"
+    default = config.get("scheduler.allowed-failures")
+    for value in (7, 8, 7):
+        with dask.config.set({key: value}):
+            assert config.get("scheduler.allowed-failures") == value
+            assert config.get("scheduler.allowed-failures") == value
+        assert config.get("scheduler.allowed-failures") == default
+    tree = dask.config.config.setdefault("distributed", {}).setdefault("scheduler", {})
+    before = tree.get("allowed-failures", missing := object())
+    tree["allowed-failures"] = 9  # changed in place, as dask.config.set does
+    try:
+        assert config.get("scheduler.allowed-failures") == 9
+    finally:
+        if before is missing:
+            del tree["allowed-failures"]
+        else:
+            tree["allowed-failures"] = before
+    assert config.get("scheduler.allowed-failures") == default

@@ -204,7 +204,8 @@ class Membership:
         recs: Recs = {}
         for ts in sorted(ws.processing, key=_by_priority):
             self._remove_processing(ts)  # first, so no FreeKeys goes to the gone worker
-            if not expected and self._killed_too_often(ts, address):
+            # (a task waiting ahead never ran there: no suspicion)
+            if not expected and not ts.waiting_on and self._killed_too_often(ts, address):
                 recs[ts] = "erred"
             else:
                 recs.update(self._transition(ts, "released", stimulus_id))

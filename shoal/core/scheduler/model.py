@@ -125,6 +125,7 @@ class WorkerRecord:
         "nthreads",
         "memory_limit",
         "processing",
+        "ahead",
         "long_running",
         "has_what",
         "nbytes",
@@ -180,6 +181,9 @@ class WorkerRecord:
         self.nthreads = nthreads
         self.memory_limit = memory_limit
         self.processing: set[TaskState] = set()
+        # processing tasks sent ahead of dependencies still computing here: they hold
+        # no thread slot until those finish (core/scheduler/ahead.py)
+        self.ahead: set[TaskState] = set()
         # processing tasks that seceded: they run on but hold no thread slot here
         self.long_running: set[TaskState] = set()
         self.has_what: set[TaskState] = set()

@@ -109,6 +109,9 @@ class Placement:
     log: StoryLog
     transition_counter: int
     _record_transition: Callable[[tuple[Any, ...]], None]
+    # ahead placement (core/scheduler/ahead.py)
+    ahead_per_thread: int
+    _ahead_from: list[TaskState]
     # walltime (core/scheduler/walltime.py)
     nlimited: int
     limits_version: int
@@ -185,7 +188,7 @@ class Placement:
     def _is_free(self, ws: WorkerRecord) -> bool:
         if ws.budget is not None and ws.assigned >= ws.budget:
             return False  # its task budget is spent (walltime)
-        n = len(ws.processing) - len(ws.long_running)
+        n = len(ws.processing) - len(ws.long_running) - len(ws.ahead)
         if n < ws.min_slots:
             return True
         threads = ws.slot_threads  # nthreads less the draining ones
@@ -223,6 +226,10 @@ class Placement:
     def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None:
         ts.processing_on = ws
         ws.processing.add(ts)
+        if ts.waiting_on:
+            ws.ahead.add(ts)  # sent ahead of dependencies still computing there
+        elif self.ahead_per_thread:
+            self._ahead_from.append(ts)  # its waiting dependents may follow it there
         ts.estimate = est = self.expected_duration(ts)  # the hint, if any
         ws.occupancy += est
         if ws.budget is not None:
@@ -243,6 +250,7 @@ class Placement:
         ts.processing_on = None
         ws.processing.discard(ts)
         ws.long_running.discard(ts)
+        ws.ahead.discard(ts)
         ws.occupancy -= ts.estimate
         r = ts.restrictions
         if r is not None and r.resources:

@@ -49,6 +49,11 @@ class WorkerReports:
         if ts is None or ts.processing_on is not ws:
             self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
             return
+        if ts.waiting_on:
+            # Sent ahead and its dependencies not reported yet: a worker runs it only
+            # after them, and reports in order, so this result was not made from them.
+            self.log.append((ts.key, "early-result", ws.address, msg.stimulus_id))
+            return
         recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
         self._transitions(recs, msg.stimulus_id)
 

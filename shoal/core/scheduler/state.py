@@ -17,6 +17,7 @@ from typing import Any
 from shoal.core.comm import Comm
 from shoal.core.errors import error_payload
 from shoal.core.scheduler.actors import Actors
+from shoal.core.scheduler.ahead import PlaceAhead
 from shoal.core.scheduler.coordination import Coordination
 from shoal.core.scheduler.datasets import Datasets
 from shoal.core.scheduler.events import Events
@@ -65,6 +66,7 @@ NO_RESOURCES: dict[str, float] = {}  # what an unrestricted ComputeTask carries 
 class SchedulerState(
     Submission,
     Placement,
+    PlaceAhead,
     Membership,
     WorkerReports,
     Introspection,
@@ -105,6 +107,7 @@ class SchedulerState(
         self.log = StoryLog()
         self.task_stream = TaskStream()
         self._init_placement()
+        self._init_ahead()
         self._init_walltime()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()
@@ -194,6 +197,8 @@ class SchedulerState(
                 self._schedule_restricted(stimulus_id)
         if self.fired_done:  # fire-and-forget keys now done: nobody holds them any more
             self.release_fired(stimulus_id)
+        if self._ahead_from:  # last: after everything placed in this event
+            self._place_ahead(stimulus_id)
         if self.transition_counter != self._version_at:
             self._version_at = self.transition_counter
             self.version += 1
@@ -513,7 +518,8 @@ class SchedulerState(
         ws = ts.processing_on
         if ws is None:
             return
-        drain = drain and ts not in ws.long_running
+        # (a task waiting ahead holds no thread: nothing to drain)
+        drain = drain and ts not in ws.long_running and not ts.waiting_on
         self._remove_processing(ts)
         if drain:
             self._drain(ws, ts.key)
@@ -528,7 +534,8 @@ class SchedulerState(
     ) -> Recs:
         self._release_compute(ts, stimulus_id, drain)
         ts.state = "released"
-        recs: Recs = {}
+        # what waits ahead on it waits in vain: taken back, to wait for it again
+        recs: Recs = dict.fromkeys(self._waited_on_ahead(ts), "released")
         if not self._needed(ts):
             recs.update(self._leave_dependencies(ts))
         else:
@@ -571,6 +578,8 @@ class SchedulerState(
                 dts.waiting_on = discarded(dts.waiting_on, ts)
                 if not dts.waiting_on:
                     recs[dts] = self._ready_state(dts)
+            elif dts.waiting_on and dts.state == "processing":
+                self._dependency_done_ahead(ts, dts)  # on its way already
         for dts in ts.dependencies:
             dts.waiters = discarded(dts.waiters, ts)
             if not dts.waiters and not dts.who_wants:

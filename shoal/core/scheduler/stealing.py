@@ -62,6 +62,7 @@ class Stealing:
         def _shuffle_run_of(self, ts: TaskState) -> Any: ...
         def _transitions(self, recs: dict[TaskState, str], stimulus_id: str) -> None: ...
         def _done(self, stimulus_id: str) -> None: ...
+        def _waited_on_ahead(self, ts: TaskState) -> list[TaskState]: ...
 
         shuffle_tasks: Any
 
@@ -86,7 +87,9 @@ class Stealing:
         for _, thief, _ in self.steals.values():
             incoming[thief] = incoming.get(thief, 0) + 1
         for ws in self.runnable.values():
-            running = len(ws.processing) - len(ws.long_running) + incoming.get(ws, 0)
+            running = (
+                len(ws.processing) - len(ws.long_running) - len(ws.ahead) + incoming.get(ws, 0)
+            )
             free = ws.slot_threads - running
             if free > 0:
                 idle.append((ws, free))
@@ -106,11 +109,18 @@ class Stealing:
         self, victim: WorkerRecord, idle: list[tuple[WorkerRecord, int]], stimulus_id: str
     ) -> int:
         """Offer ``victim``'s waiting tasks, last to run first, to the idle workers."""
-        active = len(victim.processing) - len(victim.long_running)
+        active = len(victim.processing) - len(victim.long_running) - len(victim.ahead)
         queued = active - victim.slot_threads
         threads = max(victim.slot_threads, 1)
+        # (not a task waiting ahead, nor one something waits on ahead: ahead.py)
         candidates = sorted(
-            (ts for ts in victim.processing if ts not in victim.long_running),
+            (
+                ts
+                for ts in victim.processing
+                if ts not in victim.long_running
+                and not ts.waiting_on
+                and not self._waited_on_ahead(ts)
+            ),
             key=lambda ts: ts.rank,
             reverse=True,  # the worker runs the smallest priority first
         )[:queued]

@@ -85,10 +85,19 @@ def validate_scheduler_state(state: SchedulerState) -> None:
                     "processing on a worker not named",
                     ts,
                 )
-        if st in ("processing", "queued"):
+        if st == "queued":
             check(all(d.state == "memory" for d in ts.dependencies), "dependency missing", ts)
-        if st == "waiting":
-            check(bool(ts.waiting_on), "waiting on nothing", ts)
+        if st == "processing":
+            # sent ahead (core/scheduler/ahead.py): what it waits on computes on its
+            # worker, for real (not ahead itself)
+            for dts in ts.waiting_on:
+                check(dts.state == "processing", "waits ahead on a task not processing", ts)
+                check(dts.processing_on is ts.processing_on, "waits ahead on another worker", ts)
+                check(not dts.waiting_on, "waits ahead on a task waiting ahead", ts)
+            assert ts.processing_on is not None
+            check((ts in ts.processing_on.ahead) == bool(ts.waiting_on), "ahead set", ts)
+        if st == "waiting" or st == "processing":
+            check(st == "processing" or bool(ts.waiting_on), "waiting on nothing", ts)
             for dts in ts.dependencies:
                 check((dts in ts.waiting_on) == (dts.state != "memory"), "waiting_on", ts)
         else:
@@ -148,6 +157,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     for ws in state.workers.values():
         for ts in ws.processing:
             check(ts.processing_on is ws, "worker processing a task placed elsewhere", ts)
+        check(ws.ahead <= ws.processing, f"ahead tasks not processing on {ws.address}")
         for ts in ws.long_running:  # seceded: still processing, no slot, no estimate
             check(ts in ws.processing and ts.estimate == 0.0, "long-running", ts)
         for ts in ws.has_what:

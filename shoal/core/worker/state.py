@@ -14,7 +14,9 @@ links to its dependencies while it needs their data: waiting, ready, executing (
 cancelled, since its thread reads them). Without either reason a task is released:
 forgotten, or cancelled while an execution or a transfer is still running. A ``released``
 task left after a batch is a stub a local task still depends on (the scheduler will send
-it again or free the dependents).
+it again or free the dependents). A ComputeTask may come *ahead* of dependencies this
+worker is still computing (the scheduler names no holder for them): it waits for them
+like for a transfer, and starts when they finish (``core/scheduler/ahead.py``).
 
 While paused (memory over the pause fraction: :class:`Pause`) the worker starts no task
 and fetches no dependency; what runs or is in flight finishes (as do tasks already

@@ -1,0 +1,138 @@
+"""Placing a task ahead of its dependencies: a mixin of
+:class:`~shoal.core.scheduler.SchedulerState`, as placement.
+
+Every level of a graph used to cost a round trip: the worker reports TaskFinished, the
+scheduler decides, and a ComputeTask travels back before the next level starts. A task
+whose dependencies are all on one worker W, being computed there (or already in
+memory there), need not wait for that: it is sent to W at once, *ahead*. The worker
+holds it in ``waiting`` until its local dependencies are in memory and starts it the
+moment they finish, with no message in between.
+
+An ahead task is in state ``processing`` on W with a non-empty ``waiting_on`` (the
+dependencies still processing on W), and is in ``W.ahead``. It holds no thread: it does
+not count against W's slots (``_is_free``), is never stolen, and releasing it owes no
+``ComputeReleased``. It becomes an ordinary processing task when its last dependency
+reports TaskFinished from W. Anything else that happens to a dependency takes it back
+(processing -> released, and so waiting again, or erred), in the same event:
+
+- a dependency errs: its dependents err, the ahead one too (the worker is told to drop it);
+- a dependency is released (its client let go, its worker died or left, it was taken
+  back): the ahead task is released and placed again once its dependencies are back;
+- a dependency in memory elsewhere is lost: as for every processing task;
+- a dependency is not stolen while something waits on it ahead, and a dependency with
+  a steal request out is not waited on ahead.
+
+Bounded run-ahead, so that a large graph's frontier is not pinned to one worker: only
+one level ahead (a task waiting ahead is not itself waited on ahead), at most
+:data:`AHEAD_PER_THREAD` tasks ahead per thread of a worker, only unrestricted tasks
+that are neither a shuffle's nor an actor, only on a worker that takes new tasks, and
+not while workers have walltime limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shoal.core.scheduler.model import TaskState, WorkerRecord, discarded
+
+AHEAD_PER_THREAD = 2  # tasks a worker may hold ahead, per thread
+
+
+class PlaceAhead:
+    """Ahead placement methods and state of :class:`SchedulerState`."""
+
+    runnable: dict[str, WorkerRecord]
+    steals: dict[TaskState, Any]
+    free_workers: set[WorkerRecord]
+    nlimited: int
+    shuffle_tasks: dict[TaskState, Any]
+    _actor_ids: dict[Any, str]
+    transition_counter: int
+    _record_transition: Callable[[tuple[Any, ...]], None]
+
+    if TYPE_CHECKING:
+
+        def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None: ...
+        def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None: ...
+        def _is_free(self, ws: WorkerRecord) -> bool: ...
+
+    def _init_ahead(self) -> None:
+        self.ahead_per_thread = AHEAD_PER_THREAD  # 0: never place ahead
+        # Tasks that started processing for real in this event (placed with every
+        # dependency in memory, or whose last ahead dependency finished): their waiting
+        # dependents are considered at the end of the event.
+        self._ahead_from: list[TaskState] = []
+        self.placed_ahead = 0  # tasks ever placed ahead (a counter for tests and stats)
+
+    def _dependency_done_ahead(self, done: TaskState, waiter: TaskState) -> None:
+        """``done``, a dependency ``waiter`` waits on ahead, is in memory: one less to
+        wait for; with none left, ``waiter`` holds a slot like any processing task."""
+        waiting = waiter.waiting_on
+        if done not in waiting:
+            return
+        waiter.waiting_on = waiting = discarded(waiting, done)
+        if waiting:
+            return
+        ws = waiter.processing_on
+        assert ws is not None
+        ws.ahead.discard(waiter)
+        if not self._is_free(ws):
+            self.free_workers.discard(ws)
+        if self.ahead_per_thread:
+            self._ahead_from.append(waiter)
+
+    def _place_ahead(self, stimulus_id: str) -> None:
+        """End of an event: send the waiting dependents of tasks that started
+        processing in it ahead to their worker, where they qualify."""
+        started, self._ahead_from = self._ahead_from, []
+        for dts in started:
+            ws = dts.processing_on
+            if (
+                ws is None
+                or dts.waiting_on
+                or self.nlimited
+                or ws.address not in self.runnable
+                or not ws.min_slots
+            ):
+                continue
+            limit = self.ahead_per_thread * ws.nthreads
+            for ts in list(dts.waiters):
+                if len(ws.ahead) >= limit:
+                    break
+                if ts.state == "waiting" and self._may_wait_ahead(ts, ws):
+                    self._record_transition((ts.key, "waiting", "processing", stimulus_id))
+                    self.transition_counter += 1
+                    ts.state = "processing"
+                    self._add_processing(ts, ws)  # into ws.ahead: it waits on some
+                    self._send_compute(ts, ws, stimulus_id)
+                    self.placed_ahead += 1
+
+    def _may_wait_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
+        """Every dependency of ``ts`` is on ``ws``: in memory there, or processing there
+        for real (not ahead, no steal request out), so that ``ws`` is where the data
+        will all be (a task needing data from elsewhere is placed as usual, once it is
+        ready: an idle worker may then be better). ``ts`` itself is unrestricted and
+        recomputable, and not a task the scheduler coordinates (a shuffle's, an actor)."""
+        if ts.restrictions is not None or ts.payload is None or not ts.waiting_on:
+            return False
+        if (self.shuffle_tasks and ts in self.shuffle_tasks) or ts.key in self._actor_ids:
+            return False
+        steals = self.steals
+        waiting_on = ts.waiting_on
+        for dts in ts.dependencies:
+            if dts not in waiting_on:  # in memory: here, or it is no better here
+                if ws not in dts.who_has:
+                    return False
+            elif (
+                dts.processing_on is not ws
+                or dts.state != "processing"
+                or dts.waiting_on
+                or dts in steals
+            ):
+                return False
+        return True
+
+    def _waited_on_ahead(self, ts: TaskState) -> list[TaskState]:
+        """The tasks waiting ahead on ``ts``'s result."""
+        return [d for d in ts.waiters if d.state == "processing" and ts in d.waiting_on]

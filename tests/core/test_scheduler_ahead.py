@@ -1,0 +1,257 @@
+"""Placing a task ahead on the worker computing its dependencies (core/scheduler/ahead.py),
+driven with events only: what is sent ahead, and every way it is taken back.
+
+Every scheduler runs with ``validate=True``: the ahead invariants (it waits only on tasks
+processing for real on its own worker, and is in that worker's ``ahead`` set) are checked
+after each event. The random interleavings are in ``test_scheduler_property.py``.
+"""
+
+from __future__ import annotations
+
+from scheduler_harness import W1, W2, Sim
+
+from shoal.core.scheduler.ahead import AHEAD_PER_THREAD
+from shoal.protocol.messages import (
+    ComputeTask,
+    DepInfo,
+    FreeKeys,
+    KeyErred,
+    KeyInMemory,
+    MissingData,
+    RegisterActor,
+    ReleaseCompute,
+    StealReply,
+    StealRequest,
+    TaskRestrictions,
+    WorkerStatus,
+)
+
+
+def computes(msgs: list) -> list[ComputeTask]:
+    return [msg for msg in msgs if isinstance(msg, ComputeTask)]
+
+
+def chain() -> Sim:
+    """a -> b on one worker; b is sent ahead with a."""
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"]}, wanted=["b"])
+    return sim
+
+
+def test_a_dependent_goes_with_its_dependency_and_starts_without_a_round_trip():
+    sim = chain()
+    assert sim.states() == {"a": "processing", "b": "processing"}
+    sent = computes(sim.to_worker(W1))
+    assert [c.key for c in sent] == ["a", "b"]  # the dependency first, on one stream
+    assert sent[1].deps == [DepInfo("a", 0, [])]  # held nowhere yet: computing there
+    assert sim.ws(W1).ahead == {sim.ts("b")} and sim.s.placed_ahead == 1
+    assert sim.runnable() == ["a"]
+    sim.finish("a")
+    assert sim.to_worker(W1) == []  # b is already there: nothing to send
+    assert sim.ws(W1).ahead == set() and not sim.ts("b").waiting_on
+    sim.finish("b")
+    assert sim.states() == {"a": "released", "b": "memory"}
+    assert sim.to_worker(W1) == [FreeKeys(["a"], "done-b")]
+    assert sim.to_client() == [KeyInMemory("b", None, "int", "done-b", [W1])]
+
+
+def test_only_one_level_ahead():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"], "c": ["b"]}, wanted=["c"])
+    assert [c.key for c in computes(sim.to_worker(W1))] == ["a", "b"]
+    assert sim.state("c") == "waiting"  # b waits ahead itself: nothing waits on b yet
+    sim.finish("a")  # b now runs for real: c follows it
+    assert [c.key for c in computes(sim.to_worker(W1))] == ["c"]
+    assert sim.ws(W1).ahead == {sim.ts("c")}
+    assert sim.run_all() == ["b", "c"]
+
+
+def test_a_dependent_of_tasks_on_two_workers_is_not_sent_ahead():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"a": [], "b": [], "c": ["a", "b"]}, wanted=["c"])
+    assert {sim.worker_of("a"), sim.worker_of("b")} == {W1, W2}
+    assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
+
+
+def test_only_with_every_dependency_on_the_worker():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.scatter(W1, {"x": 8})
+    sim.scatter(W2, {"y": 8})
+    sim.scatter(W1, {"z": 8})
+    sim.scatter(W2, {"z": 8})  # a replica on each
+    sim.submit({"a": [], "b": ["a", "x", "y"], "c": ["a", "z"]}, wanted=["b", "c"])
+    w = sim.worker_of("a")
+    # b needs data on both workers: placed once ready, where it is best then
+    assert sim.state("b") == "waiting"
+    assert sim.worker_of("c") == w  # z is in memory there too
+    (sent,) = [c for c in computes(sim.to_worker(w)) if c.key == "c"]
+    assert sorted(sent.deps, key=lambda d: d.key) == [
+        DepInfo("a", 0, []),
+        DepInfo("z", 8, [W1, W2]),
+    ]
+
+
+def test_at_most_two_per_thread_ahead_on_a_worker():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], **{f"d-{i}": ["a"] for i in range(5)}})
+    assert len(sim.ws(W1).ahead) == AHEAD_PER_THREAD == 2
+    assert sum(sim.state(f"d-{i}") == "waiting" for i in range(5)) == 3
+    sim.finish("a")  # the rest are placed as usual
+    assert all(sim.state(f"d-{i}") == "processing" for i in range(5))
+    assert sorted(sim.run_all()) == [f"d-{i}" for i in range(5)]
+
+
+def test_tasks_ahead_hold_no_slot():
+    """Root tasks still go to a worker whose tasks ahead only wait."""
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"], "r1": [], "r2": [], "r3": []})
+    ws = sim.ws(W1)
+    assert ws.ahead == {sim.ts("b")} and sim.on(W1) == {"a", "b", "r1"}
+    sim.finish("r1")  # a thread's worth of slots is free again, b aside
+    assert sim.on(W1) == {"a", "b", "r2"}
+    assert len(ws.processing) - len(ws.ahead) == ws.min_slots
+
+
+def test_a_dependency_that_errs_errs_the_task_ahead_and_the_worker_drops_it():
+    sim = chain()
+    sim.clear()
+    sim.fail("a")
+    assert sim.state("b") == "erred" and sim.state("a") != "processing"
+    # b never held a thread: no ComputeReleased owed, the worker just drops it
+    assert sim.to_worker(W1) == [FreeKeys(["b"], "erred-a")]
+    assert sim.ws(W1).draining == {} and sim.ws(W1).processing == set()
+    (note,) = sim.to_client()
+    assert isinstance(note, KeyErred) and note.key == "b" and note.blamed == "a"
+
+
+def test_a_dependency_cancelled_takes_the_task_ahead_back():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"]}, wanted=["a", "b"])
+    sim.clear()
+    sim.cancel("a")  # with everything built on it
+    assert sim.states() == {}
+    freed = sim.to_worker(W1)
+    assert ReleaseCompute("a", True, False, "cancel") in freed  # a ran: its thread drains
+    assert FreeKeys(["b"], "cancel") in freed  # b held none
+    assert sim.ws(W1).draining == {"a": 1}
+
+
+def test_the_task_ahead_released_by_its_client_leaves_the_dependency_running():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"]}, wanted=["a", "b"])
+    sim.clear()
+    sim.release("b")
+    assert sim.states() == {"a": "processing"}
+    assert sim.to_worker(W1) == [FreeKeys(["b"], "release")]
+    assert sim.ws(W1).draining == {} and sim.ws(W1).ahead == set()
+    sim.finish("a")
+    assert sim.states() == {"a": "memory"}
+
+
+def test_the_worker_dying_puts_both_back_and_blames_only_what_ran():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.s.allowed_failures = 0  # one death under a task that ran there errs it
+    sim.submit({"a": [], "b": ["a"]}, wanted=["b"])
+    w = sim.worker_of("a")
+    assert sim.worker_of("b") == w
+    other = W2 if w == W1 else W1
+    sim.clear()
+    sim.remove_worker(w)
+    # a ran there (KilledWorker); b never started: not suspected, erred for a
+    assert sim.state("b") == "erred" and sim.ts("b").exception_blame is sim.ts("a")
+    assert sim.ts("a") in sim.s.suspicious and sim.ts("b") not in sim.s.suspicious
+    assert sim.to_worker(other) == []
+
+
+def test_the_worker_dying_reschedules_the_pair_elsewhere():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"a": [], "b": ["a"]}, wanted=["b"])
+    w = sim.worker_of("a")
+    other = W2 if w == W1 else W1
+    sim.clear()
+    sim.remove_worker(w)
+    assert sim.states() == {"a": "processing", "b": "processing"}
+    assert sim.worker_of("a") == sim.worker_of("b") == other
+    assert sim.ts("b") in sim.ws(other).ahead
+    assert sim.run_all() == ["a", "b"]
+    assert sim.state("b") == "memory"
+
+
+def test_a_lost_dependency_in_memory_takes_the_task_ahead_back():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.scatter(W1, {"x": 8})
+    on = {k: TaskRestrictions([w]) for k, w in (("a", W1), ("c", W2))}
+    sim.submit({"a": [], "b": ["a", "x"], "c": ["x"]}, wanted=["b", "c"], restrictions=on)
+    assert sim.ts("b") in sim.ws(W1).ahead and sim.worker_of("c") == W2
+    sim.clear()
+    # W2 finds no copy of x on W1: x is lost (scattered: not recomputable)
+    sim.s.handle_worker(W2, MissingData("c", ["x"], "miss", [[W1]]))
+    assert sim.state("b") == "erred" and sim.state("c") == "erred"
+    assert FreeKeys(["b"], "miss") in sim.to_worker(W1)
+    assert sim.ws(W1).ahead == set()
+
+
+def test_a_task_ahead_is_not_stolen_nor_what_it_waits_on():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.scatter(W1, {"x": 8})
+    # a and b come last: the first a busy worker would give away
+    sim.submit({**{f"t-{i}": ["x"] for i in range(4)}, "a": ["x"], "b": ["a"]})
+    assert sim.ws(W1).ahead == {sim.ts("b")}
+    for k in ("t-0", "a", "b"):
+        sim.ts(k).prefix.add_duration(1.0)
+    sim.add_worker(W2, 1)
+    sim.clear()
+    assert sim.s.balance("balance") == 1
+    (req,) = [m for m in sim.to_worker(W1) if isinstance(m, StealRequest)]
+    assert req.key == "t-3"
+
+
+def test_no_task_waits_ahead_on_a_dependency_with_a_steal_request_out():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.s.ahead_per_thread = 0  # nothing ahead while the steal is set up
+    sim.scatter(W1, {"x": 8})
+    keys = ["a", "r1", "r2", "r3"]
+    sim.submit(dict.fromkeys(keys, ["x"]), wanted=keys)
+    for k in keys:
+        sim.ts(k).prefix.add_duration(1.0)
+    sim.add_worker(W2, 1)
+    sim.clear()
+    sim.s.balance("balance")
+    (req,) = [m for m in sim.to_worker(W1) if isinstance(m, StealRequest)]
+    sim.s.ahead_per_thread = AHEAD_PER_THREAD
+    sim.submit({"b": [req.key]}, wanted=["b"], sid="later")
+    sim.s._ahead_from.append(sim.ts(req.key))  # as if it had just started
+    sim.s._done("consider")
+    assert sim.state("b") == "waiting"  # not sent ahead of a task that may move
+    sim.s.handle_worker(W1, StealReply(req.key, req.run_id, True, "stolen"))
+    assert sim.worker_of(req.key) == W2
+    assert sim.ts("b") in sim.ws(W2).ahead  # it follows the task where it now runs
+    assert sorted(sim.run_all()) == sorted([*keys, "b"])
+
+
+def test_nothing_is_sent_ahead_to_a_paused_worker_and_what_is_there_stays():
+    sim = chain()
+    sim.s.handle_worker(W1, WorkerStatus("paused", "mem-high"))
+    assert sim.worker_of("b") == W1 and sim.ts("b") in sim.ws(W1).ahead
+    sim.submit({"c": ["a"]}, wanted=["c"], sid="more")
+    assert sim.state("c") == "waiting"
+    sim.finish("a")  # c must wait for a runnable worker now; b is there already
+    assert sim.state("b") == "processing" and sim.ws(W1).ahead == set()
+
+
+def test_an_early_result_of_a_task_ahead_is_not_taken():
+    sim = chain()
+    sim.finish("b")  # cannot happen (the worker reports in order): ignored
+    assert sim.state("b") == "processing" and sim.ts("b").waiting_on
+    assert sim.run_all() == ["a", "b"]
+
+
+def test_an_actor_is_not_sent_ahead():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"r1": [], "r2": []})  # W1's slots are taken: a waits in the queue
+    sim.submit({"a": [], "b": ["a"], "c": ["a"]}, wanted=["b", "c"], sid="more")
+    assert sim.state("a") == "queued"
+    sim.s.handle_client("c", RegisterActor(["b"], "actor"))
+    sim.finish("r1")  # a starts: c follows it, the actor b waits for its turn
+    assert sim.worker_of("a") == W1 and sim.ws(W1).ahead == {sim.ts("c")}
+    assert sim.state("b") == "waiting"

@@ -36,21 +36,8 @@ if TYPE_CHECKING:
     from shoal.client.client import Client
 
 
+@gc_paused()  # the whole submission: see gc_pause
 def submit_graph(
-    client: Client,
-    graph: Any,
-    keys: Iterable[Key],
-    options: dict[str, Any] | None = None,
-    placed: dict[Key, Future] | None = None,
-    follow_aliases: bool = False,
-) -> dict[Key, Future]:
-    """Submit the part of ``graph`` that ``keys`` need; futures for ``keys`` (see
-    :func:`_submit_graph`), with the garbage collector paused (:mod:`gc_pause`)."""
-    with gc_paused():
-        return _submit_graph(client, graph, keys, options, placed, follow_aliases)
-
-
-def _submit_graph(
     client: Client,
     graph: Any,
     keys: Iterable[Key],

@@ -58,17 +58,23 @@ def bodies(specs: list[TaskSpec], wanted: object) -> list[bytes]:
     return out
 
 
+def ingesting_scheduler() -> SchedulerState:
+    """A scheduler state with client "c", without the story of recent transitions: it
+    is bounded (100,000 entries) whatever the graph's size, not a per-task cost, so it
+    is left out of the measurement."""
+    s = SchedulerState(RecordingComm())
+    s.log = StoryLog(0)
+    s._record_transition = s.log.append
+    s.add_client("c")
+    return s
+
+
 def test_bytes_per_task_of_a_large_graph_within_budget() -> None:
     specs, top = array_graph(7_500)
     frames = bodies(specs, top)
     expected = len(specs)  # 10,003
     del specs
-    s = SchedulerState(RecordingComm())
-    # The story of recent transitions is bounded (100,000 entries), whatever the graph's
-    # size: not a per-task cost, so it is left out of the measurement.
-    s.log = StoryLog(0)
-    s._record_transition = s.log.append
-    s.add_client("c")
+    s = ingesting_scheduler()
     gc.collect()
     tracemalloc.start()
     try:
@@ -99,10 +105,7 @@ def test_peak_bytes_per_task_while_a_large_graph_arrives_within_budget() -> None
     frames = bodies(specs, top)
     expected = len(specs)  # 100,004
     del specs
-    s = SchedulerState(RecordingComm())
-    s.log = StoryLog(0)  # bounded, not a per-task cost (as above)
-    s._record_transition = s.log.append
-    s.add_client("c")
+    s = ingesting_scheduler()
     gc.collect()
     tracemalloc.start()
     try:

@@ -83,11 +83,16 @@ class JobTracker:
 
     async def poll(self) -> list[TrackedJob]:
         """List the queue; return the jobs seen to end since the last poll."""
+        asked = time.monotonic()
         out = await self._call(self.system.status_args(self.user))
         states = self.system.parse_status(out)
         now = time.monotonic()
         ended = []
         for job in self.jobs.values():
+            if job.submitted_at >= asked and job.id not in states:
+                # Submitted while the queue was being listed (scaling runs alongside
+                # the watch): absent from a listing taken before it existed, not ended.
+                continue
             job.listed = job.id in states
             state = states.get(job.id, ENDED)
             if job.state == ENDED:

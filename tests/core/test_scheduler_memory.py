@@ -69,22 +69,29 @@ def ingesting_scheduler() -> SchedulerState:
     return s
 
 
+def ingest_traced(s: SchedulerState, frames: list[bytes]) -> tuple[int, int]:
+    """Ingest ``frames`` (each decoded here, as the server does, then dropped): the
+    bytes held after it, and the peak while it ran, both over those held before."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for frame in frames:
+            s.handle_client("c", *decode_body(frame))
+        gc.collect()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return held - before, peak - before
+
+
 def test_bytes_per_task_of_a_large_graph_within_budget() -> None:
     specs, top = array_graph(7_500)
     frames = bodies(specs, top)
     expected = len(specs)  # 10,003
     del specs
     s = ingesting_scheduler()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for frame in frames:  # decoded here, as the server does, then dropped
-            s.handle_client("c", *decode_body(frame))
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    held, _ = ingest_traced(s, frames)
     n = len(s.tasks)
     assert n == expected
     assert {ts.state for ts in s.tasks.values()} == {"queued", "waiting"}
@@ -106,15 +113,7 @@ def test_peak_bytes_per_task_while_a_large_graph_arrives_within_budget() -> None
     expected = len(specs)  # 100,004
     del specs
     s = ingesting_scheduler()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for frame in frames:
-            s.handle_client("c", *decode_body(frame))
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    _, peak = ingest_traced(s, frames)
     n = len(s.tasks)
     assert n == expected
     assert s.nqueued == 75_000  # the graph was started, not only held

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from shoal.protocol.messages import Key, Payload
 
@@ -279,6 +279,23 @@ def discarded(members: Members[_T], x: _T) -> Members[_T]:
     return tuple([y for y in members if y is not x])
 
 
+class _FailureField(Generic[_T]):
+    """A TaskState attribute kept in its rarely made ``_failure`` record: it reads as
+    ``default`` while there is none, and setting the default makes none."""
+
+    def __init__(self, field: str, default: _T):
+        self.field = field
+        self.default = default
+
+    def __get__(self, ts: TaskState, owner: type | None = None) -> _T:
+        failure = ts._failure
+        return self.default if failure is None else getattr(failure, self.field)
+
+    def __set__(self, ts: TaskState, value: _T) -> None:
+        if value != self.default or ts._failure is not None:
+            setattr(ts._failure_record(), self.field, value)
+
+
 class TaskState:
     __slots__ = (
         "key",
@@ -379,46 +396,10 @@ class TaskState:
             failure = self._failure = _Failure(0)
         return failure
 
-    @property
-    def retries(self) -> int:
-        failure = self._failure
-        return 0 if failure is None else failure.retries
-
-    @retries.setter
-    def retries(self, value: int) -> None:
-        if value or self._failure is not None:
-            self._failure_record().retries = value
-
-    @property
-    def exception(self) -> Payload | None:
-        failure = self._failure
-        return None if failure is None else failure.exception
-
-    @exception.setter
-    def exception(self, value: Payload | None) -> None:
-        if value is not None or self._failure is not None:
-            self._failure_record().exception = value
-
-    @property
-    def traceback(self) -> str:
-        failure = self._failure
-        return "" if failure is None else failure.traceback
-
-    @traceback.setter
-    def traceback(self, value: str) -> None:
-        if value or self._failure is not None:
-            self._failure_record().traceback = value
-
-    @property
-    def exception_blame(self) -> TaskState | None:
-        """The dependency whose failure this task's is (None: its own)."""
-        failure = self._failure
-        return None if failure is None else failure.blame
-
-    @exception_blame.setter
-    def exception_blame(self, value: TaskState | None) -> None:
-        if value is not None or self._failure is not None:
-            self._failure_record().blame = value
+    retries = _FailureField[int]("retries", 0)
+    exception = _FailureField["Payload | None"]("exception", None)
+    traceback = _FailureField[str]("traceback", "")
+    exception_blame = _FailureField["TaskState | None"]("blame", None)  # None: its own
 
     @property
     def priority(self) -> tuple[int, int, int]:

@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from scheduler_harness import ARGS, FUNCS, W1, W2, Sim
 
 from shoal.core.scheduler import submission
-from shoal.protocol.messages import KeyErred, KeyInMemory, SubmitTasks, TaskSpec
+from shoal.protocol.messages import KeyErred, KeyInMemory, SubmitTasks, TaskSpec, WantKeys
 
 
 @st.composite
 def graphs(draw: Any) -> dict[str, Any]:
     """A DAG in topological order (each task's dependencies come before it), tasks
-    that err at submission (a function never sent), the wanted keys, the cuts into
+    that err at submission (a function never sent, a dependency that exists nowhere),
+    the wanted keys, the cuts into
     parts, and the slice size."""
     n = draw(st.integers(1, 24))
     deps = [
@@ -26,11 +27,13 @@ def graphs(draw: Any) -> dict[str, Any]:
         for i in range(n)
     ]
     unsent = draw(st.sets(st.integers(0, n - 1), max_size=2))
+    missing = draw(st.sets(st.integers(0, n - 1), max_size=2))
     wanted = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4))
     cuts = sorted(draw(st.sets(st.integers(1, n), max_size=5)) | {n})
     return {
         "deps": deps,
         "unsent": unsent,
+        "missing": missing,  # tasks that also depend on a key that exists nowhere
         "wanted": wanted,
         "cuts": cuts,
         "slice": draw(st.integers(1, 5)),
@@ -40,7 +43,10 @@ def graphs(draw: Any) -> dict[str, Any]:
 
 def spec(i: int, g: dict[str, Any]) -> TaskSpec:
     func = "never-sent" if i in g["unsent"] else "f"
-    return TaskSpec(f"t{i}", func, ARGS, [f"t{d}" for d in g["deps"][i]])
+    deps = [f"t{d}" for d in g["deps"][i]]
+    if i in g["missing"]:
+        deps.append("nowhere")
+    return TaskSpec(f"t{i}", func, ARGS, deps)
 
 
 def submit(sim: Sim, g: dict[str, Any], in_parts: bool) -> None:
@@ -111,3 +117,55 @@ def test_a_task_with_a_missing_dependency_never_runs(in_parts: bool) -> None:
     assert sim.states() == {"a": "released", "b": "released", "c": "erred"}
     (erred,) = [msg for msg in sim.to_client() if isinstance(msg, KeyErred)]
     assert erred.key == "c" and erred.blamed == "a"
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        pytest.param([TaskSpec("a", "f", ARGS, ["nowhere"])], id="missing-dependency"),
+        pytest.param([TaskSpec("a", "unsent", ARGS, [])], id="unsent-function"),
+    ],
+)
+def test_a_task_refused_at_submission_never_runs_when_wanted_later(
+    specs: list[TaskSpec],
+) -> None:
+    # Nobody wants "a" at first, so it is released with its error cleared while "c"
+    # (erred through it) holds it. Wanting it later must err it again with the
+    # submission's reason, not run it without the dependencies it lacks.
+    sim = Sim({W1: 1})
+    specs = [*specs, TaskSpec("c", "f", ARGS, ["a"])]
+    sim.s.handle_client("c", SubmitTasks(specs, ["c"], FUNCS, "s", False))
+    assert sim.states()["a"] == "released"
+    sim.to_client()
+    sim.s.handle_client("c", WantKeys(["a"], "want-a"))
+    assert sim.processing() == []
+    assert sim.states()["a"] == "erred"
+    (erred,) = [msg for msg in sim.to_client() if isinstance(msg, KeyErred)]
+    assert erred.key == "a" and erred.blamed is None
+    assert erred.exception is not None
+    assert b"task 'a'" in erred.exception.data and b"ValueError" in erred.exception.data
+
+
+@settings(max_examples=100, deadline=None)
+@given(graphs(), st.lists(st.lists(st.integers(0, 23), min_size=1, max_size=3), max_size=4))
+def test_no_want_ever_runs_a_refused_task_or_its_downstream(
+    g: dict[str, Any], later_wants: list[list[int]]
+) -> None:
+    # A task refused at submission lacks a dependency or a function: neither it nor
+    # anything downstream of it may ever be sent to a worker, however often its keys
+    # are wanted and released again afterwards.
+    n = len(g["deps"])
+    doomed = set(g["unsent"]) | set(g["missing"])
+    for i in range(n):
+        if any(d in doomed for d in g["deps"][i]):
+            doomed.add(i)
+    sim = Sim({W1: 1, W2: 1})
+    submit(sim, g, in_parts=False)
+    ran = sim.run_all()
+    for indices in later_wants:
+        keys = [f"t{i}" for i in indices if i < n]
+        sim.want(*keys, sid="later-want")
+        ran += sim.run_all()
+        sim.release(*keys, sid="later-release")
+        ran += sim.run_all()
+    assert not {f"t{i}" for i in doomed} & set(ran)

@@ -400,6 +400,7 @@ class TaskState:
     exception = _FailureField["Payload | None"]("exception", None)
     traceback = _FailureField[str]("traceback", "")
     exception_blame = _FailureField["TaskState | None"]("blame", None)  # None: its own
+    refused = _FailureField["Payload | None"]("refused", None)
 
     @property
     def priority(self) -> tuple[int, int, int]:
@@ -413,13 +414,17 @@ class TaskState:
 class _Failure:
     """A task's retries left and its error, if it has either."""
 
-    __slots__ = ("retries", "exception", "traceback", "blame")
+    __slots__ = ("retries", "exception", "traceback", "blame", "refused")
 
     def __init__(self, retries: int):
         self.retries = retries
         self.exception: Payload | None = None
         self.traceback = ""
         self.blame: TaskState | None = None
+        # Why the submission refused it (a dependency that exists nowhere, an unsent
+        # function, a cycle): unlike ``exception``, kept when it is released, because
+        # it can never run: its dependencies are incomplete.
+        self.refused: Payload | None = None
 
 
 # A task's order is one int, not a tuple of three (64 bytes less per task): the user's

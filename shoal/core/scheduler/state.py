@@ -418,6 +418,9 @@ class SchedulerState(
         if ts.payload is None:  # scattered data that is gone
             self._set_lost_data_exception(ts)
             return {ts: "erred"}
+        if ts._failure is not None and ts.refused is not None:  # it can never run
+            ts.exception, ts.traceback, ts.exception_blame = ts.refused, "", None
+            return {ts: "erred"}
         for dts in ts.dependencies:
             if dts.state == "erred":
                 ts.exception_blame = dts.exception_blame or dts

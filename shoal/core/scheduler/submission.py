@@ -171,7 +171,9 @@ class Submission:
                     problem = f"depends on keys that exist nowhere: {missing!r}"
                 else:
                     problem = f"names function {unsent[0]!r}, which its client never sent"
-                ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
+                ts.exception = ts.refused = error_payload(
+                    ValueError(f"task {ts.key!r} {problem}")
+                )
                 errs[ts] = "erred"
             else:
                 recs[ts] = "waiting"
@@ -276,7 +278,7 @@ class Submission:
                     dts.dependents = discarded(dts.dependents, ts)
         for ts in pending:
             problem = f"is on or after a dependency cycle among the keys {shown}"
-            ts.exception = error_payload(ValueError(f"task {ts.key!r} {problem}"))
+            ts.exception = ts.refused = error_payload(ValueError(f"task {ts.key!r} {problem}"))
             recs.pop(ts, None)
             errs[ts] = "erred"
 

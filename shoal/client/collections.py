@@ -31,6 +31,7 @@ from shoal.shuffle import _dask as shuffle_dask
 
 PART_SIZE = 10_000  # tasks per SubmitTasks message of a large graph
 LOST_DATA_ATTEMPTS = 3  # tries of a ``get`` whose graph data is lost with workers
+SMALL_GRAPH_TASKS = 4  # a graph of at most this many tasks is encoded without templates
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -79,7 +80,10 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
-    encoder.start_graph()
+    # A layer's template pays off from its second task on: a graph this small has no
+    # layers to share one, and making and consulting the cache per compute would cost
+    # more than its tasks' encoding.
+    encoder.start_graph(templates=len(dsk) > SMALL_GRAPH_TASKS)
     # (a graph too small to order needs no bound: no config lookup per small compute)
     ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None)
     # Large data nodes are placed on the workers (or found there) before the graph is

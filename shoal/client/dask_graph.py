@@ -251,9 +251,13 @@ class GraphEncoder:
         self._reducers: dict[type, Any] = {Task: _reduce_task}
         self._templates: Any = None  # a graph's LayerTemplates (start_graph)
 
-    def start_graph(self) -> None:
+    def start_graph(self, templates: bool = True) -> None:
         """Encode the next tasks with a fresh template cache: one per graph, as its
-        objects may have changed since the last graph (see templates.py)."""
+        objects may have changed since the last graph (see templates.py). Without
+        ``templates`` (a graph too small to have layers), each task is encoded alone."""
+        if not templates:
+            self._templates = None
+            return
         from shoal.client.templates import LayerTemplates
 
         self._templates = LayerTemplates(self.functions, self.ref_types, self._reducers)

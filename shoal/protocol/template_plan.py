@@ -228,6 +228,12 @@ class _Compiler:
             if not fresh:
                 return True, value
             return False, lambda slots, resolve: t(value)  # a new copy per task
+        if all(c or _is_slot(x) for x, (c, _) in zip(obj, compiled)):
+            # only values and slots (most sequences): one comprehension, no call per item
+            spec = [(False, v) if c else (True, x._shoal_ref) for x, (c, v) in zip(obj, compiled)]
+            if t is list:
+                return False, lambda slots, resolve: [slots[v] if s else v for s, v in spec]
+            return False, lambda slots, resolve: t([slots[v] if s else v for s, v in spec])
         pieces = [_as_fill(*c) for c in compiled]
         if t is list:
             return False, lambda slots, resolve: [f(slots, resolve) for f in pieces]
@@ -242,6 +248,10 @@ class _Compiler:
         return False, lambda slots, resolve: {
             fk(slots, resolve): fv(slots, resolve) for fk, fv in pairs
         }
+
+
+def _is_slot(obj: Any) -> bool:
+    return type(obj) is _Placeholder and obj._shoal_kind == "s"
 
 
 def _as_fill(constant: bool, value: Any) -> Fill:

@@ -42,6 +42,7 @@ def with_fast_chains(func: Any) -> Any:
 
 
 _MAX_CACHED_CHAINS = 1_024
+_MAX_MET_ONCE = 16
 
 
 def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,7 +53,10 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
     # shoal/protocol/template_plan.py): its chain and calls are worked out once, keyed
     # by the output node, and reused while every node is the very same object (dask's
     # nodes are immutable).
+    # id(output node) -> (output node, its key, steps): shared chains, and the last few
+    # chains met once
     chains: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
+    met_once: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
 
     def direct_call(node: Any) -> tuple[Any, tuple, dict] | None:
         """``node``'s function and its arguments as ``(is a reference, key or value)``
@@ -74,17 +78,26 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
     def steps_of(inner_dsk: Any, outkey: Any) -> list[tuple[Any, Any, Any]] | None:
         out = inner_dsk.get(outkey) if type(inner_dsk) is dict else None
         hit = chains.get(id(out))
+        if hit is None:
+            hit = met_once.get(id(out))
         if hit is not None and hit[0] is out and hit[1] == outkey:
             steps = hit[2]
             if len(steps) == len(inner_dsk) and all(inner_dsk.get(k) is n for k, n, _ in steps):
+                if id(out) not in chains:  # met again: shared, worth direct calls
+                    steps = [(k, n, direct_call(n)) for k, n, _ in steps]
+                    if len(chains) >= _MAX_CACHED_CHAINS:
+                        chains.clear()
+                    chains[id(out)] = (out, outkey, steps)
                 return steps
         order = chain_order(inner_dsk, outkey)
         if order is None:
             return None
-        steps = [(k, inner_dsk[k], direct_call(inner_dsk[k])) for k in order]
-        if len(chains) >= _MAX_CACHED_CHAINS:
-            chains.clear()
-        chains[id(out)] = (out, outkey, steps)
+        # Nodes met once so far (each task's own, if its arguments were unpickled) are
+        # called as they are; only a few are kept, to be recognised when met again.
+        steps = [(k, inner_dsk[k], None) for k in order]
+        if len(met_once) >= _MAX_MET_ONCE:
+            met_once.clear()
+        met_once[id(out)] = (out, outkey, steps)
         return steps
 
     def execute_subgraph(inner_dsk: Any, outkey: Any, inkeys: Any, *dependencies: Any) -> Any:

@@ -32,6 +32,7 @@ import msgspec
 
 from shoal.protocol import plain_codec
 from shoal.protocol.messages import Key, Payload
+from shoal.protocol.template_plan import TemplatePlan
 
 MSGPACK = 0
 PICKLE = 1
@@ -392,6 +393,8 @@ def loads_task_args(
     if payload.kind == TEMPLATE:
         template_id, slots = plain_codec.loads(payload.data, resolve_key)
         template = resolve_func(template_id)
+        if type(template) is TemplatePlan:  # decoded once by this worker: fill it in
+            return template.fill(slots, resolve_key)
         if type(template) is not bytes:
             raise SerializationError(f"function-table entry {template_id!r} is not a template")
         args, kwargs = _unpickle(template, [], resolve_key, resolve_func, slots)

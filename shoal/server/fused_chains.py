@@ -8,6 +8,12 @@ of a tiny numpy task. A linear chain has one topological order only, so the work
 runs it in that order, the same nodes on the same values, and drops each intermediate
 once the next node has used it (as dask does). A subgraph that is not a single chain
 goes to dask's own function, unchanged.
+
+The tasks of a layer share their subgraph's nodes (the worker decodes a layer's
+template once): its chain, and for each plain ``Task`` (arguments that are references
+or values) the function and where its arguments come from, are worked out once and
+reused while the nodes are the same objects; a node is then called directly, without
+``Task.__call__``'s per-call checks and argument walk.
 """
 
 from __future__ import annotations
@@ -35,15 +41,84 @@ def with_fast_chains(func: Any) -> Any:
     return make_chain_runner(func)
 
 
+_MAX_CACHED_CHAINS = 1_024
+_MAX_MET_ONCE = 16
+
+
 def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
-    def execute_subgraph(inner_dsk: Any, outkey: Any, inkeys: Any, *dependencies: Any) -> Any:
+    # ``fallback`` is dask's own function: dask is imported already.
+    from dask._task_spec import GraphNode, Task, TaskRef
+
+    # A layer's tasks share their fused subgraph's nodes (one decoded template, see
+    # shoal/protocol/template_plan.py): its chain and calls are worked out once, keyed
+    # by the output node, and reused while every node is the very same object (dask's
+    # nodes are immutable).
+    # id(output node) -> (output node, its key, steps): shared chains, and the last few
+    # chains met once
+    chains: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
+    met_once: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
+
+    def direct_call(node: Any) -> tuple[Any, tuple, dict] | None:
+        """``node``'s function and its arguments as ``(is a reference, key or value)``
+        when ``Task.__call__`` would only look its references up; else None."""
+        if type(node) is not Task:
+            return None
+        items = [*node.args, *node.kwargs.values()]
+        if any(
+            isinstance(a, GraphNode) or (isinstance(a, TaskRef) and type(a) is not TaskRef)
+            for a in items
+        ):
+            return None
+        args = tuple((True, a.key) if type(a) is TaskRef else (False, a) for a in node.args)
+        kwargs = {
+            k: ((True, a.key) if type(a) is TaskRef else (False, a)) for k, a in node.kwargs.items()
+        }
+        return node.func, args, kwargs
+
+    def steps_of(inner_dsk: Any, outkey: Any) -> list[tuple[Any, Any, Any]] | None:
+        out = inner_dsk.get(outkey) if type(inner_dsk) is dict else None
+        hit = chains.get(id(out))
+        if hit is None:
+            hit = met_once.get(id(out))
+        if hit is not None and hit[0] is out and hit[1] == outkey:
+            steps = hit[2]
+            if len(steps) == len(inner_dsk) and all(inner_dsk.get(k) is n for k, n, _ in steps):
+                if id(out) not in chains:  # met again: shared, worth direct calls
+                    steps = [(k, n, direct_call(n)) for k, n, _ in steps]
+                    if len(chains) >= _MAX_CACHED_CHAINS:
+                        chains.clear()
+                    chains[id(out)] = (out, outkey, steps)
+                return steps
         order = chain_order(inner_dsk, outkey)
         if order is None:
+            return None
+        # Nodes met once so far (each task's own, if its arguments were unpickled) are
+        # called as they are; only a few are kept, to be recognised when met again.
+        steps = [(k, inner_dsk[k], None) for k in order]
+        if len(met_once) >= _MAX_MET_ONCE:
+            met_once.clear()
+        met_once[id(out)] = (out, outkey, steps)
+        return steps
+
+    def execute_subgraph(inner_dsk: Any, outkey: Any, inkeys: Any, *dependencies: Any) -> Any:
+        steps = steps_of(inner_dsk, outkey)
+        if steps is None:
             return fallback(inner_dsk, outkey, inkeys, *dependencies)
         values = dict(zip(inkeys, dependencies))
         previous = None
-        for key in order:
-            values[key] = inner_dsk[key](values)
+        for key, node, direct in steps:
+            args = kwargs = None  # (nothing of the last node's call stays referenced)
+            if direct is not None:
+                func, spec, kwspec = direct
+                try:  # a missing value: the node's own call raises dask's error
+                    args = [values[a] if ref else a for ref, a in spec]
+                    kwargs = {k: values[a] if ref else a for k, (ref, a) in kwspec.items()}
+                except KeyError:
+                    args = None
+            if args is None:
+                values[key] = node(values)
+            else:
+                values[key] = func(*args, **kwargs) if kwargs else func(*args)
             if previous is not None:  # its only dependent has run: free it
                 del values[previous]
             previous = key

@@ -28,6 +28,7 @@ from shoal.protocol.serialize import (
     loads_task_args,
     sizeof,
 )
+from shoal.protocol.template_plan import TemplatePlan
 from shoal.server.fused_chains import with_fast_chains
 from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads, ThreadSlot
@@ -230,5 +231,7 @@ class TaskThreadMixin:
         if fn is None:
             with DESERIALISE_LOCK:
                 fn = with_fast_chains(self.functions.get(fid))
+                if type(fn) is bytes:  # a task-argument template: decoded once, if it can be
+                    fn = TemplatePlan.compile(fn, self._function) or fn
                 self._loaded_functions[fid] = fn
         return fn

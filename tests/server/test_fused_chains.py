@@ -137,3 +137,52 @@ def test_dask_array_chain_same_result():
         inner, outkey, inkeys, *_ = task.args
         assert chain_order(inner, outkey) is not None
         assert np.array_equal(fast(inner, outkey, inkeys), _execute_subgraph(inner, outkey, inkeys))
+
+
+def test_a_chain_is_reused_only_while_its_nodes_are_the_same_objects():
+    fast = make_chain_runner(_execute_subgraph)
+    first = {
+        "a": Task("a", operator.add, TaskRef("x"), 1),
+        "b": Task("b", operator.mul, TaskRef("a"), 10),
+    }
+    assert fast(first, "b", ("x",), 2) == 30
+    assert fast(dict(first), "b", ("x",), 3) == 40  # a copy of the same nodes
+    # the same output node, another node before it: worked out again
+    other = {**first, "a": Task("a", operator.sub, TaskRef("x"), 1)}
+    assert fast(other, "b", ("x",), 3) == 20
+    # one node more (off the chain): dask's function decides
+    assert fast({**first, "z": Task("z", operator.neg, TaskRef("x"))}, "b", ("x",), 3) == 40
+
+
+def test_direct_calls_give_what_dasks_tasks_give():
+    from dask._task_spec import DataNode
+
+    def combine(a, b, *, scale, offset=0):
+        return (a + b) * scale + offset
+
+    chain = [
+        Task("a", operator.add, TaskRef("x"), 1),
+        Task("b", combine, TaskRef("a"), 2, scale=TaskRef("y"), offset=5),
+        # a nested node among the arguments: called as dask calls it
+        Task("c", operator.add, TaskRef("b"), DataNode(None, 100)),
+    ]
+    fused = _fused(chain)
+    values = {"x": 4, "y": 3}
+    expected = _call(fused, _execute_subgraph, values)
+    assert expected == ((4 + 1 + 2) * 3 + 5) + 100
+    fast = with_fast_chains(_execute_subgraph)
+    assert _call(fused, fast, values) == expected
+    assert _call(fused, fast, values) == expected  # from the cached chain
+
+
+def test_a_key_error_raised_by_a_task_is_not_retried():
+    calls = []
+
+    def fails(value):
+        calls.append(value)
+        raise KeyError("inside the task")
+
+    fused = _fused([Task("a", operator.add, TaskRef("x"), 1), Task("b", fails, TaskRef("a"))])
+    with pytest.raises(KeyError, match="inside the task"):
+        _call(fused, with_fast_chains(_execute_subgraph), {"x": 1})
+    assert calls == [2]

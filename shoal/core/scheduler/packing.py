@@ -12,11 +12,14 @@ The rule is Dask's ``worker_objective`` (when would the task finish there) with 
 latency term, :data:`TRANSFER_LATENCY`, for a worker that must fetch an input:
 
 - A root task (from the queue) whose expected duration is known (measured for its
-  prefix, or hinted) and which shares a dependent with the root placed just before it
-  (its sibling, in the graph's order) goes to the worker that sibling went to, while
-  that worker is free and its work ahead, per thread, exceeds the least loaded free
-  worker's by at most the latency: placed elsewhere, the task could start at most that
-  much sooner, and its dependent would pay a transfer (``_joins_sibling``).
+  prefix, or hinted) and tiny (with its arguments' bytes at the assumed bandwidth, under
+  the latency: a partition carried in the graph is worth spreading), and which feeds a
+  task that the root placed just before it also feeds (a common dependent, or a
+  dependent's dependent: its sibling or cousin, in the graph's order) goes to the
+  worker that one went to, while that worker is free and its work ahead, per thread,
+  exceeds the least loaded free worker's by at most the latency: placed elsewhere, the
+  task could start at most that much sooner, and its dependent would pay a transfer
+  (``_joins_sibling``).
 - A task with dependencies goes where its finish is soonest, counting for each worker
   the bytes it lacks at the assumed bandwidth plus, if it lacks any, the latency
   (``placement._decide_worker``).
@@ -35,6 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord
+from shoal.core.scheduler.placement import BANDWIDTH
 
 # Seconds that spreading two inputs of one task over two workers costs it: a fetch
 # between workers plus the round trip through the scheduler that placing it ahead
@@ -77,8 +81,13 @@ class Packing:
         placed just before it) went, rather than to ``least_loaded`` (None: no other
         free worker). ``ws`` is free."""
         latency = self.transfer_latency
-        if not latency or not ts.dependents or self._known_duration(ts) is None:
+        if not latency or not ts.dependents or ts.payload is None:
             return False
+        duration = self._known_duration(ts)
+        if duration is None:
+            return False
+        if duration + len(ts.payload.data) / BANDWIDTH > latency:
+            return False  # not tiny: running it, or receiving its arguments, pays to spread
         if least_loaded is not None:
             ahead_here = ws.occupancy / ws.nthreads
             ahead_there = least_loaded.occupancy / least_loaded.nthreads

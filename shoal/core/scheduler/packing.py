@@ -35,7 +35,7 @@ tasks under 5 ms where they are, so it does not undo this.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord
 from shoal.core.scheduler.placement import BANDWIDTH
@@ -51,6 +51,7 @@ class Packing:
     """Sibling packing methods and state of :class:`SchedulerState`."""
 
     hints: dict[TaskState, float]
+    _actor_ids: dict[Any, str]
 
     if TYPE_CHECKING:
 
@@ -83,6 +84,8 @@ class Packing:
         latency = self.transfer_latency
         if not latency or not ts.dependents or ts.payload is None:
             return False
+        if self._actor_ids and ts.key in self._actor_ids:
+            return False  # an actor lives where it was made: placed as before
         duration = self._known_duration(ts)
         if duration is None:
             return False

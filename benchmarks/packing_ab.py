@@ -1,6 +1,6 @@
 """Sibling packing on and off in one cluster, compute by compute (core/scheduler/packing.py).
 
-    python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul]
+    python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
@@ -43,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--only", default=DEFAULT_CELLS)
+    p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
+    for name in args.only.split(","):
+        if name not in CELLS:
+            p.error(f"unknown cell {name!r} (expected {', '.join(CELLS)})")
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-    data = make_data(ROWS, FRAME100_ROWS)
+    shrink = 10 if args.quick else 1
+    data = make_data(ROWS // shrink, FRAME100_ROWS // shrink)
     ways = ("sync", "packed", "spread")
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
 

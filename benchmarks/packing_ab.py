@@ -1,11 +1,12 @@
 """Sibling packing on and off in one cluster, compute by compute (core/scheduler/packing.py).
 
     python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
+        [--latency 0.002]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
 rotating order: sync; shoal with packing (the scheduler's ``transfer_latency`` at its
-default); shoal with ``transfer_latency = 0`` (siblings spread as before the rule). The
+default, or ``--latency``); shoal with ``transfer_latency = 0`` (siblings spread as before the rule). The
 switch is set through ``run_on_scheduler`` between computes, untimed. On a shared,
 noisy machine this compares the rule alone under the same load, where runs of
 ``interactive.py`` against another checkout are minutes apart. Prints medians and the
@@ -44,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--only", default=DEFAULT_CELLS)
     p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
+    p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
     args = p.parse_args(argv)
+    if not args.latency > 0:
+        p.error(f"--latency must be positive, got {args.latency}")
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     for name in args.only.split(","):
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             if way == "sync":
                 config: dict[str, Any] = dict(SYNC_CONFIG)
             else:
-                latency = TRANSFER_LATENCY if way == "packed" else 0.0
+                latency = args.latency if way == "packed" else 0.0
                 client.run_on_scheduler(set_latency, latency)
                 config = {"scheduler": client.get}
             with dask.config.set(config):
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 collection.compute()
                 return time.perf_counter() - t0
 
-        print(f"load average {os.getloadavg()}", flush=True)
+        print(f"load average {os.getloadavg()}; packed: latency {args.latency:g} s", flush=True)
         print("| cell | sync ms | packed ms | spread ms | packed/sync | spread/sync |")
         print("|---|---|---|---|---|---|")
         for name in args.only.split(","):

@@ -79,6 +79,9 @@ class Scenario:
     wanted: dict[str, set[int]]
     steps: list[tuple[str, int]]
     restrict: list[int] = field(default_factory=list)  # index into RESTRICTIONS, per task
+    # Seconds each task takes: tiny ones (0.1 ms) make placement keep siblings together
+    # (core/scheduler/packing.py) once their prefix is measured.
+    duration: float = 1.0
 
 
 @st.composite
@@ -94,7 +97,8 @@ def scenarios(draw, kinds: tuple[str, ...] = STEPS) -> Scenario:
     steps = draw(st.lists(st.tuples(st.sampled_from(kinds), st.integers(0, 10**6)), max_size=80))
     choices = st.sampled_from([0, 0, 0, *range(1, len(RESTRICTIONS))])
     restrict = draw(st.lists(choices, min_size=n, max_size=n))
-    return Scenario(deps, retries, workers, wanted, steps, restrict)
+    duration = draw(st.sampled_from([1.0, 0.0001]))
+    return Scenario(deps, retries, workers, wanted, steps, restrict, duration)
 
 
 def key(i: int) -> str:
@@ -130,6 +134,9 @@ class Run:
         self.restrictions = {
             k: RESTRICTIONS[r] for k, r in zip(self.keys, sc.restrict) if RESTRICTIONS[r]
         }
+        # Tiny tasks are submitted with their duration as a hint: known from the start,
+        # so siblings are kept together from the first placement on.
+        self.hints = dict.fromkeys(self.keys, sc.duration) if sc.duration < 1 else {}
         for nthreads in sc.workers:
             self.add_worker(nthreads)
 
@@ -254,7 +261,7 @@ class Run:
         # a result only from dependencies that exist: never from a failed or lost one
         held = set().union(*(model.data for model in self.models.values()))
         assert set(self.dag.get(k, ())) <= held, (k, self.dag[k])
-        self.sim.finish(k, nbytes=len(k))
+        self.sim.finish(k, nbytes=len(k), duration=self.sc.duration)
         self.models[address].running.discard(k)
         self.models[address].data.add(k)
         self.last_failed.discard(k)
@@ -322,6 +329,7 @@ class Run:
                 client=c,
                 retries={a: self.sc.retries[self.keys.index(a)] for a in sub},
                 restrictions={a: self.restrictions[a] for a in sub if a in self.restrictions},
+                durations=self.hints,
                 sid=f"resubmit-{k}",
             )
         elif kind == "watch":  # a progress bar over some keys (a watch id used again)
@@ -349,6 +357,7 @@ class Run:
                 client=c,
                 retries={k: self.sc.retries[j] for j, k in enumerate(self.keys)},
                 restrictions=self.restrictions,
+                durations=self.hints,
                 sid=f"submit-{i}",
             )
             self.sync()

@@ -74,16 +74,25 @@ class Counters:
 class TaskPrefix(Counters):
     """All tasks whose keys share a prefix, e.g. every ``inc``."""
 
-    __slots__ = ("groups", "totals", "entered")
+    __slots__ = ("groups", "totals", "entered", "recent_duration")
 
     def __init__(self, name: str, totals: dict[str, int] | None = None):
         super().__init__(name)
+        # Its recent durations, halved in weight at each new one (Dask's duration
+        # average): the first runs of a prefix (imports, warm caches) soon stop counting,
+        # where the mean keeps them. None: never measured.
+        self.recent_duration: float | None = None
         self.groups: dict[str, TaskGroup] = {}  # alive, oldest first
         # Transitions into each state, ever (Prometheus' prefix_state_totals counter).
         self.entered: dict[str, int] = dict.fromkeys(TASK_STATES, 0)
         # Tasks per state over the whole scheduler, shared by every prefix of it: kept
         # with the prefix's own counts, so the cluster summary never sums prefixes.
         self.totals = dict.fromkeys(TASK_STATES, 0) if totals is None else totals
+
+    def add_duration(self, seconds: float) -> None:
+        super().add_duration(seconds)
+        recent = self.recent_duration
+        self.recent_duration = seconds if recent is None else (recent + seconds) / 2
 
     @property
     def ngroups(self) -> int:

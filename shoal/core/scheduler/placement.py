@@ -109,6 +109,9 @@ class Placement:
     log: StoryLog
     transition_counter: int
     _record_transition: Callable[[tuple[Any, ...]], None]
+    # sibling packing (core/scheduler/packing.py)
+    transfer_latency: float
+    packed: int
     # ahead placement (core/scheduler/ahead.py)
     ahead_per_thread: int
     _ahead_from: list[TaskState]
@@ -129,6 +132,13 @@ class Placement:
         def _park_if_unfit(self, ts: TaskState, stimulus_id: str) -> bool: ...
         def _valid_fitting(self, ts: TaskState, r: Restrictions) -> list[WorkerRecord]: ...
         def _forget_parked(self, ts: TaskState) -> None: ...
+        def _joins_sibling(
+            self,
+            ts: TaskState,
+            sibling: TaskState,
+            ws: WorkerRecord,
+            least_loaded: WorkerRecord | None,
+        ) -> bool: ...
 
         def _transition_queued_processing(
             self, ts: TaskState, stimulus_id: str, ws: WorkerRecord | None = None
@@ -309,10 +319,13 @@ class Placement:
                 candidates = {ws for ws in runnable if ws.min_slots} or set(runnable)
         best = None
         best_cost: tuple[float, int, str] | None = None
+        latency = self.transfer_latency  # a worker lacking inputs waits for a fetch
         for ws in candidates:
             have = local.get(ws, 0)
             cost = (
-                (total - have) / BANDWIDTH + ws.occupancy / ws.nthreads,
+                (total - have) / BANDWIDTH
+                + (latency if have < total else 0.0)
+                + ws.occupancy / ws.nthreads,
                 -have,
                 ws.address,
             )
@@ -328,18 +341,36 @@ class Placement:
         queue = self.queue
         # One task at a time to the least loaded free worker, so idle threads on other
         # workers are used before any worker gets its extra slot.
+        # A root that shares a dependent with the one placed before it may follow it
+        # to its worker (core/scheduler/packing.py): that worker stays out of the heap
+        # while it is the one to follow.
         free = [(len(w.processing) / w.nthreads, w.address, w) for w in self.free_workers]
         heapq.heapify(free)
-        while queue and free:
+        follow: WorkerRecord | None = None  # free, where ``last`` went
+        last: TaskState | None = None
+        while queue and (free or follow is not None):
             ts = heapq.heappop(queue)
             if ts.state != "queued":
                 continue  # released while queued: a stale entry
-            ws = heapq.heappop(free)[2]
+            ws = None
+            if follow is not None and last is not None:
+                if self._joins_sibling(ts, last, follow, free[0][2] if free else None):
+                    ws = follow
+                    self.packed += 1
+                else:
+                    heapq.heappush(free, (len(follow.processing) / follow.nthreads, follow.address, follow))
+                    follow = None
+            if ws is None:
+                ws = heapq.heappop(free)[2]
             self._record_transition((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            follow = None
             if self._is_free(ws):
-                heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
+                if self.transfer_latency:
+                    follow, last = ws, ts
+                else:
+                    heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
 
     def _schedule_queued_walltime(self, stimulus_id: str) -> None:
         """``_schedule_queued`` when some workers have a deadline or budget: each task

@@ -40,6 +40,7 @@ from shoal.core.scheduler.model import (
     key_split,
 )
 from shoal.core.scheduler.output import OutputRouting
+from shoal.core.scheduler.packing import Packing
 from shoal.core.scheduler.pins import Pins
 from shoal.core.scheduler.placement import Placement
 from shoal.core.scheduler.progress import Progress
@@ -67,6 +68,7 @@ class SchedulerState(
     Submission,
     Placement,
     PlaceAhead,
+    Packing,
     Membership,
     WorkerReports,
     Introspection,
@@ -108,6 +110,7 @@ class SchedulerState(
         self.task_stream = TaskStream()
         self._init_placement()
         self._init_ahead()
+        self._init_packing()
         self._init_walltime()
         self._init_membership(allowed_failures, worker_ttl)
         self._init_progress()

@@ -150,6 +150,9 @@ def validate_scheduler_state(state: SchedulerState) -> None:
     for tp in state.prefixes.values():
         check(all(tg.prefix is tp for tg in tp.groups.values()), f"groups of prefix {tp.name}")
         check(all(state.groups.get(n) is tg for n, tg in tp.groups.items()), f"prefix {tp.name}")
+        # what placement packs by (core/scheduler/packing.py): known once measured
+        measured = tp.duration_count > 0
+        check((tp.recent_duration is not None) == measured, f"recent duration of {tp.name}")
     check(sum(tp.ngroups for tp in state.prefixes.values()) == len(state.groups), "groups")
     for cs in state.clients.values():
         for ts in cs.wants:

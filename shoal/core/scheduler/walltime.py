@@ -8,8 +8,8 @@
   the budget (``WorkerRecord.deadline``, ``.budget``, ``.assigned``).
 - A worker fits a task only if ``now + the work already given to it (per thread) +
   expected duration <= deadline`` and it was given fewer tasks than its budget. The expected duration is the task's hint
-  (``submit(duration=)``, ``dask.annotate(duration=)``), else its prefix's measured
-  mean, else the unknown default (``UNKNOWN_DURATION``). Every path that puts a task on
+  (``submit(duration=)``, ``dask.annotate(duration=)``), else the smaller of its
+  prefix's measured mean and recent duration (``TaskPrefix.recent_duration``), else the unknown default (``UNKNOWN_DURATION``). Every path that puts a task on
   a worker goes through ``_decide_worker`` or ``_schedule_queued`` (placement.py),
   which only consider workers it fits; a worker whose budget is spent is not free, so
   it gets no queued task either.
@@ -31,7 +31,7 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.scheduler.model import ClientRecord, TaskState, WorkerRecord
+from shoal.core.scheduler.model import UNKNOWN_DURATION, ClientRecord, TaskState, WorkerRecord
 from shoal.core.scheduler.placement import Restrictions
 from shoal.protocol import messages as m
 
@@ -83,13 +83,19 @@ class Walltime:
     # ------------------------------------------------------------------ what fits where
 
     def expected_duration(self, ts: TaskState) -> float:
-        """Seconds ``ts`` is expected to run: its hint, else its prefix's measured mean
-        (the unknown default before any measurement)."""
+        """Seconds ``ts`` is expected to run: its hint, else the smaller of its
+        prefix's measured mean and recent duration (the unknown default before any
+        measurement): a slow first run (imports, cold caches) soon stops counting, and
+        one slow run late does not count at once."""
         if self.hints:
             hint = self.hints.get(ts)
             if hint is not None:
                 return hint
-        return ts.prefix.mean_duration
+        prefix = ts.group.prefix
+        recent = prefix.recent_duration
+        if recent is None:
+            return UNKNOWN_DURATION
+        return min(recent, prefix.duration_sum / prefix.duration_count)
 
     def _time_left(self, ws: WorkerRecord) -> float:
         """Seconds ``ws`` has left for a new task (negative past its deadline, -inf

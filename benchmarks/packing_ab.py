@@ -1,0 +1,98 @@
+"""Sibling packing on and off in one cluster, compute by compute (core/scheduler/packing.py).
+
+    python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
+        [--latency 0.002]
+
+The interactive cells on one shoal cluster (two worker processes of one thread) and
+dask's sync scheduler in this process. Per round each cell is computed three ways, in
+rotating order: sync; shoal with packing (the scheduler's ``transfer_latency`` at its
+default, or ``--latency``); shoal with ``transfer_latency = 0`` (siblings spread as before the rule). The
+switch is set through ``run_on_scheduler`` between computes, untimed. On a shared,
+noisy machine this compares the rule alone under the same load, where runs of
+``interactive.py`` against another checkout are minutes apart. Prints medians and the
+shoal/sync ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dask  # noqa: E402
+
+from benchmarks.interactive import CELLS, FRAME100_ROWS, ROWS, SYNC_CONFIG, make_data  # noqa: E402
+from shoal import Client, LocalCluster  # noqa: E402
+from shoal.core.scheduler.packing import TRANSFER_LATENCY  # noqa: E402
+
+DEFAULT_CELLS = "array_sum,matmul,sum,array_mean0,delayed_sum"
+
+
+def set_latency(latency: float, dask_scheduler: Any = None) -> None:
+    dask_scheduler.state.transfer_latency = latency
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--only", default=DEFAULT_CELLS)
+    p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
+    p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
+    args = p.parse_args(argv)
+    if not args.latency > 0:
+        p.error(f"--latency must be positive, got {args.latency}")
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
+    for name in args.only.split(","):
+        if name not in CELLS:
+            p.error(f"unknown cell {name!r} (expected {', '.join(CELLS)})")
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+    shrink = 10 if args.quick else 1
+    data = make_data(ROWS // shrink, FRAME100_ROWS // shrink)
+    ways = ("sync", "packed", "spread")
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+
+        def compute(way: str, collection: Any) -> float:
+            if way == "sync":
+                config: dict[str, Any] = dict(SYNC_CONFIG)
+            else:
+                latency = args.latency if way == "packed" else 0.0
+                client.run_on_scheduler(set_latency, latency)
+                config = {"scheduler": client.get}
+            with dask.config.set(config):
+                t0 = time.perf_counter()
+                collection.compute()
+                return time.perf_counter() - t0
+
+        print(f"load average {os.getloadavg()}; packed: latency {args.latency:g} s", flush=True)
+        print("| cell | sync ms | packed ms | spread ms | packed/sync | spread/sync |")
+        print("|---|---|---|---|---|---|")
+        for name in args.only.split(","):
+            collection = CELLS[name].build(data)
+            for way in ways:  # warm-up: imports, and each prefix's duration measured
+                compute(way, collection)
+            times: dict[str, list[float]] = {w: [] for w in ways}
+            for i in range(args.repeat):
+                for j in range(len(ways)):
+                    way = ways[(i + j) % len(ways)]
+                    times[way].append(compute(way, collection))
+            ms = {w: statistics.median(t) * 1000 for w, t in times.items()}
+            print(
+                f"| {name} | {ms['sync']:.2f} | {ms['packed']:.2f} | {ms['spread']:.2f} | "
+                f"{ms['packed'] / ms['sync']:.2f} | {ms['spread'] / ms['sync']:.2f} |",
+                flush=True,
+            )
+        print(f"load average {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,8 @@ take many branches that cannot apply (missing dependencies, transfers, resumes, 
 runs, resources); these do the same transitions with the same story records, counts
 and instructions in one straight pass, and leave every other case to the general
 handlers. ``WorkerState.plain_shortcuts = False`` turns them off (the tests compare both).
+A result goes into ``data`` through its ``store(key, value, size)`` when it has one (the
+server's SpillBuffer), with the size the task's thread measured, not measured again.
 """
 
 from __future__ import annotations
@@ -92,7 +94,12 @@ def _finish_plain(state: WorkerState, ev: ExecuteSuccess) -> bool:
         state._recent_duration, state._durations_measured = duration, True
     ts.start = ev.start
     ts.stop = ev.stop
-    state.data[ev.key] = ev.value
+    data = state.data
+    store = getattr(data, "store", None)  # the server's SpillBuffer: sized already
+    if store is None:
+        data[ev.key] = ev.value
+    else:
+        store(ev.key, ev.value, ev.nbytes)
     ts.nbytes = ev.nbytes
     ts.type_name = ev.type_name
     state._record_transition((ev.key, "executing", "memory", sid))

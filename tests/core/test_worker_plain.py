@@ -3,9 +3,9 @@
 Two worker state machines, one with the shortcut and one without, get the same random
 events (computes with dependencies here, elsewhere or still running, results, failures,
 transfers that succeed, miss or fail, frees, releases with drain and interrupt, secede
-and rejoin, resources): after every event their instructions, stories, task states,
-data and counts must be equal, and both validate their invariants. The unit tests
-check which cases take the shortcut at all.
+and rejoin, resources, data scattered over running tasks): after every event their
+instructions, stories, task states, data and counts must be equal, and both validate
+their invariants. The unit tests check which cases take the shortcut at all.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from shoal.core.worker.state import (
     ResumeThread,
     Secede,
     SendMessage,
+    UpdateDataEvent,
     WorkerState,
 )
 from shoal.protocol.messages import (
@@ -165,6 +166,9 @@ def random_run(seed: int, steps: int) -> Twins:
         elif roll < 0.88 and known:  # the scheduler takes a compute back
             key = rng.choice(known)
             twins.handle(ReleaseCompute(key, rng.random() < 0.7, rng.random() < 0.2, sid))
+        elif roll < 0.91 and twins.executing:  # a client scatters over a running task
+            key = rng.choice(twins.executing)
+            twins.handle(UpdateDataEvent({key: f"s-{key}"}, {key: 8}, sid))
         elif roll < 0.94 and twins.executing:  # a running task secedes, or rejoins
             key = rng.choice(twins.executing)
             fast_ts = twins.fast.tasks.get(key)
@@ -198,7 +202,7 @@ def test_the_shortcut_and_the_general_path_agree_on_any_events(seed: int) -> Non
 def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the general handlers called (the shortcut did not apply)."""
     calls: list[str] = []
-    for name in ("_handle_compute", "_handle_execute_success"):
+    for name in ("_handle_compute", "_handle_execute_success", "_handle_free_keys"):
         original = getattr(WorkerState, name)
 
         def spy(self: WorkerState, ev: Any, *a: Any, _o: Any = original, _n: str = name) -> Any:

@@ -8,6 +8,7 @@ take many branches that cannot apply (missing dependencies, transfers, resumes, 
 runs, resources); these do the same transitions with the same story records, counts
 and instructions in one straight pass, and leave every other case to the general
 handlers. ``WorkerState.plain_shortcuts = False`` turns them off (the tests compare both).
+FreeKeys forgets a result no local task needs without the general release's detour.
 A result goes into ``data`` through its ``store(key, value, size)`` when it has one (the
 server's SpillBuffer), with the size the task's thread measured, not measured again.
 """
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from shoal.core.worker.events import ExecuteSuccess, SendMessage
 from shoal.protocol import messages as m
-from shoal.protocol.messages import ComputeTask
+from shoal.protocol.messages import ComputeTask, FreeKeys
 
 if TYPE_CHECKING:
     from shoal.core.worker.state import WorkerState, WTask
@@ -34,6 +35,28 @@ def handle_execute_success(state: WorkerState, ev: ExecuteSuccess) -> None:
     """The ExecuteSuccess handler: the shortcut when ``ev`` is plain, else the general one."""
     if not (state.plain_shortcuts and _finish_plain(state, ev)):
         state._handle_execute_success(ev)
+
+
+def handle_free_keys(state: WorkerState, ev: FreeKeys) -> None:
+    """The FreeKeys handler: a result no local task needs, and no thread still writes,
+    is forgotten at once (as ``_release`` would); any other key as ``_handle_free_keys``."""
+    if not state.plain_shortcuts:
+        state._handle_free_keys(ev)
+        return
+    tasks, log, sid = state.tasks, state._log, ev.stimulus_id
+    for key in ev.keys:
+        ts = tasks.get(key)
+        if ts is None:
+            continue
+        log((key, "FreeKeys", sid))
+        ts.wanted = False
+        ts.resume = None
+        if ts.dependents:
+            continue  # kept until its dependents are done
+        if ts.state == "memory" and not state._running(ts):
+            state._forget_result(ts, sid)
+        else:
+            state._release(ts, sid)
 
 
 def _compute_plain(state: WorkerState, ev: ComputeTask) -> bool:

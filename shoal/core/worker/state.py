@@ -770,7 +770,7 @@ WorkerState._TRANSITIONS = {
 }
 WorkerState._HANDLERS = {
     ComputeTask: plain.handle_compute,
-    FreeKeys: WorkerState._handle_free_keys,
+    FreeKeys: plain.handle_free_keys,
     m.ReleaseCompute: WorkerState._handle_release_compute,
     m.StealRequest: WorkerState._handle_steal_request,
     InterruptExpired: WorkerState._handle_interrupt_expired,

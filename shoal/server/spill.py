@@ -72,10 +72,15 @@ class SpillBuffer(MutableMapping[Key, Any]):
             return value
 
     def __setitem__(self, key: Key, value: Any) -> None:
+        self.store(key, value, sizeof(value))
+
+    def store(self, key: Key, value: Any, size: int) -> None:
+        """``self[key] = value`` for a value whose size is known (its task's thread
+        measured it with the same ``sizeof``): a result is not measured twice."""
         with self._lock:
-            if key in self:
+            if key in self._fast or key in self._slow:
                 del self[key]
-            self._keep(key, value, sizeof(value))
+            self._keep(key, value, size)
 
     def __delitem__(self, key: Key) -> None:
         with self._lock:

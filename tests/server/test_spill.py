@@ -137,3 +137,26 @@ def test_a_failed_write_keeps_the_value_in_memory(tmp_path: Path) -> None:
     buf["a"] = array(1)
     assert buf.evict() == 0
     assert buf.spilled_keys == set() and buf["a"][0] == 1.0
+
+
+def test_a_result_stored_with_its_measured_size_is_not_measured_again(tmp_path: Path) -> None:
+    """The worker's state machine stores a task's result with the size its thread
+    measured (ExecuteSuccess.nbytes): that size is what counts against the target,
+    overwriting works as with ``buf[key] = value``, and spilling follows."""
+    from shoal.core.worker.state import Execute, ExecuteSuccess, WorkerState
+    from shoal.protocol.messages import ComputeTask, Payload
+
+    buf = SpillBuffer(str(tmp_path / "spill"), target=int(2.5 * MB))
+    ws = WorkerState(1, "tcp://me:1", validate=True, data=buf)
+    for i in range(3):
+        key = f"x{i}"
+        compute = ComputeTask(key, "f", Payload(0, b"\x92\x90\x80"), (i,), [], f"c{i}")
+        assert ws.handle(compute) == [Execute(key, f"c{i}")]
+        ws.handle(ExecuteSuccess(key, array(i), MB + i, None, "ndarray", 1.0, 2.0, f"d{i}"))
+    assert buf.spilled_keys == {"x0"}  # 3 MB + 3 bytes over a 2.5 MB target
+    assert buf.memory_bytes == (MB + 1) + (MB + 2)  # the sizes given, not measured again
+    buf.store("x1", array(9), 5)  # overwritten in memory
+    assert buf.memory_bytes == 5 + (MB + 2) and buf.spilled_keys == {"x0"}
+    buf.store("x0", array(8), 7)  # overwriting a spilled key removes its file
+    assert buf.spilled_count == 0 and files(tmp_path / "spill") == []
+    np.testing.assert_array_equal(buf["x0"], array(8))

@@ -274,7 +274,8 @@ class Placement:
             ws.occupancy = 0.0  # no drift from float sums
             for resource in ws.used_resources:
                 ws.used_resources[resource] = 0.0
-        if ws.address in self.runnable and self._is_free(ws):
+        # (already free: no need to check; a task's end never makes a worker less free)
+        if ws not in self.free_workers and ws.address in self.runnable and self._is_free(ws):
             self.free_workers.add(ws)
         return ws
 

@@ -557,15 +557,17 @@ class SchedulerState(
         ws = self._remove_processing(ts)
         assert ws is not None
         ws.tasks_run += 1
+        group = ts.group
+        prefix = group.prefix
         if msg.start or msg.stop:  # both 0.0: the worker fetched it, nothing was timed
             duration = msg.stop - msg.start
-            ts.group.add_duration(duration)
-            ts.prefix.add_duration(duration)
+            group.add_duration(duration)
+            prefix.add_duration(duration)
             self.task_stream.add(
                 m.TaskStreamRecord(
                     ts.key,
-                    ts.prefix.name,
-                    ts.group.name,
+                    prefix.name,
+                    group.name,
                     ws.address,
                     msg.start,
                     msg.stop,
@@ -576,8 +578,8 @@ class SchedulerState(
         ts.type_name = msg.type_name
         self._add_replica(ts, ws, msg.nbytes)
         ts.state = "memory"
-        ts.group.nbytes += msg.nbytes
-        ts.prefix.nbytes += msg.nbytes
+        group.nbytes += msg.nbytes
+        prefix.nbytes += msg.nbytes
         recs: Recs = {}
         for dts in ts.dependents:
             if dts.state == "waiting":

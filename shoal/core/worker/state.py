@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from shoal.core.story import InvalidTransition, Record, StoryLog, transition_recorder
+from shoal.core.worker import plain
 from shoal.core.worker.events import (  # noqa: F401  (re-exported: the events are part of the API)
     Event,
     Execute,
@@ -154,6 +155,7 @@ class WorkerState(Fetching, Releases):
 
     _TRANSITIONS: ClassVar[dict[tuple[str, str], Callable[[WorkerState, WTask, str], None]]]
     _HANDLERS: ClassVar[dict[type, Callable[[WorkerState, Any], None]]]
+    plain_shortcuts = True  # plain tasks' straight path (core/worker/plain.py); tests vary it
 
     def __init__(
         self,
@@ -767,12 +769,12 @@ WorkerState._TRANSITIONS = {
     for start, _, finish in [name.removeprefix("_transition_").partition("_")]
 }
 WorkerState._HANDLERS = {
-    ComputeTask: WorkerState._handle_compute,
-    FreeKeys: WorkerState._handle_free_keys,
+    ComputeTask: plain.handle_compute,
+    FreeKeys: plain.handle_free_keys,
     m.ReleaseCompute: WorkerState._handle_release_compute,
     m.StealRequest: WorkerState._handle_steal_request,
     InterruptExpired: WorkerState._handle_interrupt_expired,
-    ExecuteSuccess: WorkerState._handle_execute_success,
+    ExecuteSuccess: plain.handle_execute_success,
     ExecuteFailure: WorkerState._handle_execute_failure,
     GatherSuccess: WorkerState._handle_gather_success,
     GatherFailure: WorkerState._handle_gather_failure,

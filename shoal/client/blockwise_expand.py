@@ -35,14 +35,19 @@ from typing import Any
 
 from shoal.client import dask_graph
 from shoal.client.gc_pause import gc_paused
+from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate
 from shoal.protocol.messages import Key
 
 
-def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
+def materialize(
+    graph: Any, templates: dict[str, LayerTemplate] | None = None
+) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """:func:`shoal.client.dask_graph.materialize`, with the Blockwise layers of a
-    Dask array expression expanded here (see the module's docstring)."""
+    Dask array expression expanded here (see the module's docstring). ``templates``
+    (a dict) receives the :class:`~shoal.client.layer_encode.LayerTemplate` of each
+    large layer expanded, by its output name, for the encoder."""
     with gc_paused():
-        optimized = optimized_hlg(graph)
+        optimized = optimized_hlg(graph, templates)
         if optimized is not None:
             # Dask's own expression finishes the job from the optimised graph it would
             # have made itself (its cached property): merging, annotations, the dict.
@@ -50,7 +55,7 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
         return dask_graph.materialize(graph)
 
 
-def optimized_hlg(graph: Any) -> Any | None:
+def optimized_hlg(graph: Any, templates: dict[str, LayerTemplate] | None = None) -> Any | None:
     """The ``HighLevelGraph`` that Dask's ``_HLGExprSequence._optimized_dsk`` gives for
     ``graph``, made with :func:`expand_layers`; None where this module does not apply."""
     from dask import config
@@ -69,7 +74,9 @@ def optimized_hlg(graph: Any) -> Any | None:
         isinstance(op, HLGExpr) and op.low_level_optimizer is array_optimize for op in operands
     ):
         return None
-    graphs: list[Any] = [_array_optimize(op.hlg, op.__dask_keys__()) for op in operands]
+    graphs: list[Any] = [
+        _array_optimize(op.hlg, op.__dask_keys__(), templates) for op in operands
+    ]
     return HighLevelGraph.merge(*graphs)
 
 
@@ -96,7 +103,9 @@ def _dask_internals_present() -> bool:
     )
 
 
-def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:
+def _array_optimize(
+    dsk: Any, keys: Any, templates: dict[str, LayerTemplate] | None = None
+) -> dict[Key, Any]:
     """``dask.array.optimization.optimize`` with :func:`expand_layers` in place of
     ``ensure_dict`` (the caller has checked that low-level fusion is on)."""
     from dask._task_spec import convert_legacy_graph, fuse_linear_task_spec
@@ -114,7 +123,7 @@ def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:
     dsk = optimize_blockwise(dsk, keys=keys)
     dsk = _fuse_roots(dsk, keys=keys)
     dsk = _cull(dsk, set(keys))
-    flat = expand_layers(dsk)
+    flat = expand_layers(dsk, templates)
     flat = convert_legacy_graph(flat)
     flat = fuse_linear_task_spec(flat, keys=keys)
     return _optimize_slices(flat)
@@ -243,24 +252,29 @@ def _cull_reading_no_blocks(layer: Any, keys: set) -> tuple[Any, set, set] | Non
     return culled, outputs, const_deps if outputs else set()
 
 
-def expand_layers(hlg: Any) -> dict[Key, Any]:
+def expand_layers(hlg: Any, templates: dict[str, LayerTemplate] | None = None) -> dict[Key, Any]:
     """``dask.utils.ensure_dict(hlg)``: every layer's tasks in one dict, in layer order
     (a later layer's task replaces an earlier one of the same key), Blockwise layers
-    through :func:`expand_blockwise` where it can."""
+    through :func:`expand_blockwise` where it can (``templates``: as for
+    :func:`materialize`)."""
     out: dict[Key, Any] = {}
     seen: set[int] = set()
     for layer in hlg.layers.values():
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        expanded = expand_blockwise(layer)
+        expanded = expand_blockwise(layer, templates)
         out.update(layer if expanded is None else expanded)
     return out
 
 
-def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
+def expand_blockwise(
+    layer: Any, templates: dict[str, LayerTemplate] | None = None
+) -> dict[Key, Any] | None:
     """The tasks of a ``Blockwise`` layer, exactly as Dask's ``_make_blockwise_graph``
-    makes them; None for a layer it does not reproduce (the caller uses Dask's)."""
+    makes them; None for a layer it does not reproduce (the caller uses Dask's). A
+    layer of at least ``layer_encode.MIN_BLOCKS`` blocks whose tasks are its template
+    with their own values in place leaves its :class:`LayerTemplate` in ``templates``."""
     from dask._task_spec import DataNode, GraphNode, Task, TaskRef, parse_input
     from dask.blockwise import (
         Blockwise,
@@ -311,6 +325,8 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
     output_blocks = layer.output_blocks or list(
         itertools.product(*[range(dims[i]) for i in out_indices])
     )
+    if templates is not None and slots is not None and len(output_blocks) >= MIN_BLOCKS:
+        templates[output] = _layer_template(task, slots, constants)
     out: dict[Any, Any] = {}
     for out_coords in output_blocks:
         coords = out_coords + dummies
@@ -350,6 +366,32 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
                 kwargs[name] = nodes[token]
         out[new_key] = Task(new_key, func, *args, _data_producer=producer, **kwargs)
     return out
+
+
+def _layer_template(
+    task: Any,
+    slots: tuple[list[tuple[int, str]], list[tuple[str, str]]],
+    constants: dict[str, Any],
+) -> LayerTemplate:
+    """The layer's tasks as :func:`expand_blockwise` builds them on the direct path:
+    the template's arguments, a placeholder taking the same node in every block
+    (``constants``) already in place, the others per block."""
+    arg_slots, kwarg_slots = slots
+    args = list(task.args)
+    per_block: list[int] = []
+    for i, token in arg_slots:
+        if token in constants:
+            args[i] = constants[token]
+        else:
+            per_block.append(i)
+    kwargs = dict(task.kwargs)
+    per_block_kw: list[str] = []
+    for name, token in kwarg_slots:
+        if token in constants:
+            kwargs[name] = constants[token]
+        else:
+            per_block_kw.append(name)
+    return LayerTemplate(task.func, args, kwargs, per_block, per_block_kw)
 
 
 # Values that Dask's ``parse_input`` returns unchanged, also as items of a plain tuple

@@ -63,8 +63,9 @@ def submit_graph(
 
     asked = list(dict.fromkeys(keys))
     shuffle_dask.install()
+    layer_templates: dict[str, Any] = {}  # the expanded layers' templates, for the encoder
     with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
-        dsk, by_type = materialize(graph)
+        dsk, by_type = materialize(graph, layer_templates)
     dsk = cull(dsk, asked)
     targets = alias_targets(dsk, asked) if follow_aliases else {}
     keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
@@ -79,7 +80,7 @@ def submit_graph(
     check_graph(dsk, held.__contains__)
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
-    encoder.start_graph()
+    encoder.start_graph(layer_templates)
     # (a graph too small to order needs no bound: no config lookup per small compute)
     ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None)
     # Large data nodes are placed on the workers (or found there) before the graph is

@@ -29,6 +29,7 @@ from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import (
     FunctionTable,
     TableFunction,
+    TaskArgs,
     pickled_task_args,
     plain_task_args,
 )
@@ -250,13 +251,21 @@ class GraphEncoder:
         # functions by function-table reference.
         self._reducers: dict[type, Any] = {Task: _reduce_task}
         self._templates: Any = None  # a graph's LayerTemplates (start_graph)
+        self._layers: Any = None  # a graph's LayerEncoder (start_graph)
 
-    def start_graph(self) -> None:
+    def start_graph(self, layers: dict[str, Any] | None = None) -> None:
         """Encode the next tasks with a fresh template cache: one per graph, as its
-        objects may have changed since the last graph (see templates.py)."""
+        objects may have changed since the last graph (see templates.py). ``layers``:
+        the templates of the graph's expanded layers (``layer_encode``), by name."""
+        from shoal.client.layer_encode import LayerEncoder
         from shoal.client.templates import LayerTemplates
 
         self._templates = LayerTemplates(self.functions, self.ref_types, self._reducers)
+        self._layers = None
+        if layers:
+            self._layers = LayerEncoder(
+                layers, self.functions, self.ref_types, self._reducers, self, Dep
+            )
 
     def task_spec(
         self,
@@ -269,6 +278,10 @@ class GraphEncoder:
         func: Any
         args: tuple
         kwargs: dict
+        if self._layers is not None and type(key) is tuple:
+            fast = self._layers.encode(key[0], node)
+            if fast is not None:
+                return self._spec(key, fast[0], fast[1], priority, retries, restrictions)
         if type(node) is self._task:  # the usual node, before the isinstance chain
             func, args, kwargs = self._task_call(node)
         elif isinstance(node, self._alias):
@@ -288,6 +301,17 @@ class GraphEncoder:
             encoded = plain_task_args(args, kwargs, self.ref_types)
         if encoded is None:
             encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
+        return self._spec(key, fid, encoded, priority, retries, restrictions)
+
+    def _spec(
+        self,
+        key: Key,
+        fid: str,
+        encoded: TaskArgs,
+        priority: int,
+        retries: int,
+        restrictions: m.TaskRestrictions | None,
+    ) -> m.TaskSpec:
         payload, deps, funcs = encoded
         try:
             return m.TaskSpec(

@@ -174,8 +174,8 @@ def expanded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     done: list[Any] = []
     real = blockwise_expand.expand_blockwise
 
-    def spy(layer: Any) -> Any:
-        out = real(layer)
+    def spy(layer: Any, *args: Any) -> Any:
+        out = real(layer, *args)
         if out is not None:
             done.append(layer)
         return out

@@ -33,14 +33,14 @@ import functools
 import itertools
 from typing import Any
 
-from shoal.client import dask_graph
+from shoal.client import dask_graph, reduction_expand
 from shoal.client.gc_pause import gc_paused
-from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate
+from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate, Template
 from shoal.protocol.messages import Key
 
 
 def materialize(
-    graph: Any, templates: dict[str, LayerTemplate] | None = None
+    graph: Any, templates: dict[str, Template] | None = None
 ) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """:func:`shoal.client.dask_graph.materialize`, with the Blockwise layers of a
     Dask array expression expanded here (see the module's docstring). ``templates``
@@ -55,7 +55,7 @@ def materialize(
         return dask_graph.materialize(graph)
 
 
-def optimized_hlg(graph: Any, templates: dict[str, LayerTemplate] | None = None) -> Any | None:
+def optimized_hlg(graph: Any, templates: dict[str, Template] | None = None) -> Any | None:
     """The ``HighLevelGraph`` that Dask's ``_HLGExprSequence._optimized_dsk`` gives for
     ``graph``, made with :func:`expand_layers`; None where this module does not apply."""
     from dask import config
@@ -104,11 +104,11 @@ def _dask_internals_present() -> bool:
 
 
 def _array_optimize(
-    dsk: Any, keys: Any, templates: dict[str, LayerTemplate] | None = None
+    dsk: Any, keys: Any, templates: dict[str, Template] | None = None
 ) -> dict[Key, Any]:
     """``dask.array.optimization.optimize`` with :func:`expand_layers` in place of
     ``ensure_dict`` (the caller has checked that low-level fusion is on)."""
-    from dask._task_spec import convert_legacy_graph, fuse_linear_task_spec
+    from dask._task_spec import fuse_linear_task_spec
     from dask.array.optimization import _optimize_slices
     from dask.blockwise import optimize_blockwise
     from dask.core import flatten
@@ -124,7 +124,7 @@ def _array_optimize(
     dsk = _fuse_roots(dsk, keys=keys)
     dsk = _cull(dsk, set(keys))
     flat = expand_layers(dsk, templates)
-    flat = convert_legacy_graph(flat)
+    flat = reduction_expand.convert_legacy_graph(flat, None, templates, MIN_BLOCKS)
     flat = fuse_linear_task_spec(flat, keys=keys)
     return _optimize_slices(flat)
 
@@ -252,7 +252,7 @@ def _cull_reading_no_blocks(layer: Any, keys: set) -> tuple[Any, set, set] | Non
     return culled, outputs, const_deps if outputs else set()
 
 
-def expand_layers(hlg: Any, templates: dict[str, LayerTemplate] | None = None) -> dict[Key, Any]:
+def expand_layers(hlg: Any, templates: dict[str, Template] | None = None) -> dict[Key, Any]:
     """``dask.utils.ensure_dict(hlg)``: every layer's tasks in one dict, in layer order
     (a later layer's task replaces an earlier one of the same key), Blockwise layers
     through :func:`expand_blockwise` where it can (``templates``: as for
@@ -269,7 +269,7 @@ def expand_layers(hlg: Any, templates: dict[str, LayerTemplate] | None = None) -
 
 
 def expand_blockwise(
-    layer: Any, templates: dict[str, LayerTemplate] | None = None
+    layer: Any, templates: dict[str, Template] | None = None
 ) -> dict[Key, Any] | None:
     """The tasks of a ``Blockwise`` layer, exactly as Dask's ``_make_blockwise_graph``
     makes them; None for a layer it does not reproduce (the caller uses Dask's). A

@@ -67,6 +67,20 @@ class LayerTemplate:
         self.arg_constants = [i for i in range(len(args)) if i not in slotted]
 
 
+class ReductionTemplate:
+    """What the conversion of a reduction's legacy tasks knows of a layer's tasks
+    (``reduction_expand``): each is ``Task(key, func, Task(None, _identity_cast,
+    Alias(k1), ..., typ=list))``, the keys its own."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: Any):
+        self.func = func
+
+
+Template = LayerTemplate | ReductionTemplate
+
+
 class _Encoded:
     """A layer's template as sent: its function id, template id, and what it holds."""
 
@@ -84,14 +98,14 @@ class LayerEncoder:
 
     def __init__(
         self,
-        layers: dict[str, LayerTemplate],
+        layers: dict[str, Template],
         functions: FunctionTable,
         ref_types: dict[type, Callable[[Any], Key]],
         reducers: Reducers,
         generic: Any,
         dep_type: Callable[[Key], Any],
     ):
-        from dask._task_spec import DataNode, Task, TaskRef
+        from dask._task_spec import Alias, DataNode, Task, TaskRef, _identity_cast
 
         self.layers = layers
         self.functions = functions
@@ -105,6 +119,8 @@ class LayerEncoder:
         self._task_type: Any = Task
         self._taskref: Any = TaskRef
         self._datanode: Any = DataNode
+        self._alias: Any = Alias
+        self._identity_cast: Any = _identity_cast
         self.encoded = 0  # tasks encoded here (tests and benchmarks read it)
 
     def encode(self, name: str, node: Any) -> tuple[str, TaskArgs] | None:
@@ -113,6 +129,8 @@ class LayerEncoder:
         layer = self.layers.get(name)
         if layer is None or type(node) is not self._task_type or node.func is not layer.func:
             return None
+        if isinstance(layer, ReductionTemplate):
+            return self._encode_reduction(name, layer, node)
         args = node.args
         template_args = layer.args
         if len(args) != len(template_args):
@@ -133,6 +151,33 @@ class LayerEncoder:
         for v in values:
             if v is _NOT_PLAIN:
                 return None
+        return self._payload(name, layer, values)
+
+    def _encode_reduction(
+        self, name: str, layer: ReductionTemplate, node: Any
+    ) -> tuple[str, TaskArgs] | None:
+        """A reduction task: its list of input keys is the one value."""
+        args = node.args
+        if len(args) != 1 or node.kwargs:
+            return None
+        inner = args[0]
+        if type(inner) is not self._task_type or inner.func is not self._identity_cast:
+            return None
+        kwargs = inner.kwargs
+        if len(kwargs) != 1 or kwargs.get("typ") is not list:
+            return None
+        alias = self._alias
+        dep = self._dep
+        keys = []
+        for a in inner.args:
+            if type(a) is not alias:
+                return None
+            keys.append(dep(a.target))
+        return self._payload(name, layer, [tuple(keys)])
+
+    def _payload(
+        self, name: str, layer: Template, values: list[Any]
+    ) -> tuple[str, TaskArgs] | None:
         if name in self._made:
             made = self._made[name]
         else:
@@ -158,7 +203,26 @@ class LayerEncoder:
             return node.value
         return _NOT_PLAIN
 
-    def _make(self, layer: LayerTemplate) -> _Encoded | None:
+    def _make(self, layer: Template) -> _Encoded | None:
+        if isinstance(layer, ReductionTemplate):
+            # as the generic encoder converts it: the inner task is a nested call
+            keys: Any = Slot(0)  # the task's keys: a tuple, as the generic encoder's
+            inner = Call(TableFunction(self._identity_cast), keys, {"typ": list})
+            call = Call(TableFunction(layer.func), (inner,), {})
+            return self._register(run_nested, ((call,), {}))
+        return self._make_layer(layer)
+
+    def _register(self, func: Any, body: tuple[tuple, dict]) -> _Encoded | None:
+        fid = self.functions.register(func)
+        made = template_body(body, self.ref_types, self.functions, self.reducers)
+        pickled = made.payload.data
+        if len(pickled) > MAX_TEMPLATE_BYTES:
+            return None
+        template_id = self.functions.register_template(pickled)
+        funcs = list(dict.fromkeys([template_id, *made.funcs]))
+        return _Encoded(fid, template_id, list(made.deps), funcs)
+
+    def _make_layer(self, layer: LayerTemplate) -> _Encoded | None:
         """The layer's template: its arguments as the generic encoder converts them,
         a :class:`Slot` at each per-block place, pickled once (as ``_task_call`` makes
         a task's call: nested tasks run through ``run_nested``, partials taken apart)."""
@@ -177,14 +241,7 @@ class LayerEncoder:
                 args = func.args + args
                 kwargs = {**func.keywords, **kwargs}
                 func = func.func
-        fid = self.functions.register(func)
-        made = template_body((args, kwargs), self.ref_types, self.functions, self.reducers)
-        pickled = made.payload.data
-        if len(pickled) > MAX_TEMPLATE_BYTES:
-            return None
-        template_id = self.functions.register_template(pickled)
-        funcs = list(dict.fromkeys([template_id, *made.funcs]))
-        return _Encoded(fid, template_id, list(made.deps), funcs)
+        return self._register(func, (args, kwargs))
 
 
 def _is_partial(func: Any) -> bool:

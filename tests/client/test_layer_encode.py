@@ -235,3 +235,22 @@ def test_results_through_shoal_equal_sync(
     np.testing.assert_array_equal(client.compute(_arrays()[name]).result(), expected)
     np.testing.assert_array_equal(dask.compute(_arrays()[name], scheduler=client.get)[0], expected)
     assert used
+
+
+def test_reduction_tasks_take_the_layer_path() -> None:
+    """The graph_scale graph: every block task and every task of the reduction tree
+    (but the final aggregate, fused with finalize) is encoded from its layer's template."""
+    from shoal.client.layer_encode import ReductionTemplate
+
+    dsk, layers = materialised((da.ones((400,), chunks=1) + 3).sum())
+    reductions = {n for n, t in layers.items() if isinstance(t, ReductionTemplate)}
+    assert len(reductions) == 5  # 400 -> 100 -> 25 -> 7 -> 2 -> the aggregate
+    in_layers = [
+        k
+        for k in dsk
+        if type(k) is tuple and k[0] in layers and getattr(dsk[k], "func", 0) is layers[k[0]].func
+    ]
+    # all but two: the tree's 25 -> 7 level has a task of one input, linearly fused
+    # with its input into a new task (under the key of the level above, kept by an Alias)
+    assert len(in_layers) == 400 + 100 + 25 + 7 + 2 - 2
+    assert assert_encoded_alike(dsk, layers) == len(in_layers)

@@ -1,0 +1,87 @@
+"""Dask's legacy tasks converted to its task spec, reduction tasks without recursion.
+
+An array reduction's tree (``partial_reduce``: ``sum``, ``mean``, ``argmax``, ...) is
+a ``MaterializedLayer`` of legacy tuples ``(func, [key, key, ...])``: each block's
+function applied to the list of its input blocks. Dask's ``convert_legacy_graph``
+converts each through ``convert_legacy_task``, one recursive call per list item, into
+``Task(key, func, Task(None, _identity_cast, Alias(k1), Alias(k2), ..., typ=list))``.
+
+:func:`convert_legacy_graph` is Dask's function (this is its code), except that such a
+task, where every list item is a key of the graph (what Dask makes an ``Alias`` of),
+is built in one step, giving the same nodes. Anything else takes Dask's
+``convert_legacy_task``. A name with at least ``layer_encode.MIN_BLOCKS`` such tasks
+leaves a :class:`~shoal.client.layer_encode.ReductionTemplate` for the encoder
+(``templates``), which encodes each as the template plus its list of keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from typing import Any
+
+from shoal.client.layer_encode import ReductionTemplate
+from shoal.protocol.messages import Key
+
+_KEY_TYPES = (tuple, str, int, float)  # what convert_legacy_task looks up in the keys
+
+
+def convert_legacy_graph(
+    dsk: Mapping[Key, Any],
+    all_keys: Container | None = None,
+    templates: dict[str, Any] | None = None,
+    min_blocks: int = 1,
+) -> dict[Key, Any]:
+    """``dask._task_spec.convert_legacy_graph(dsk, all_keys)`` (see the module's
+    docstring); ``templates`` receives the reduction templates of names with at least
+    ``min_blocks`` reduction tasks."""
+    from dask._task_spec import (
+        Alias,
+        DataNode,
+        GraphNode,
+        convert_legacy_task,
+    )
+
+    if all_keys is None:
+        all_keys = set(dsk)
+    new_dsk: dict[Key, Any] = {}
+    counts: dict[str, list[Any]] = {}  # name -> [count, function]
+    for k, arg in dsk.items():
+        t: Any = None
+        if type(arg) is tuple and len(arg) == 2 and type(arg[1]) is list and callable(arg[0]):
+            items = arg[1]
+            if items and all(type(i) in _KEY_TYPES and _member(i, all_keys) for i in items):
+                func = arg[0]
+                t = _reduction_task(k, func, items)
+                if templates is not None and type(k) is tuple and k and type(k[0]) is str:
+                    seen = counts.get(k[0])
+                    if seen is None:
+                        counts[k[0]] = [1, func]
+                    elif seen[1] is func:
+                        seen[0] += 1
+        if t is None:
+            t = convert_legacy_task(k, arg, all_keys)
+            if isinstance(t, Alias) and t.target == k:
+                continue
+            if not isinstance(t, GraphNode):
+                t = DataNode(k, t)
+        new_dsk[k] = t
+    if templates is not None:
+        for name, (count, func) in counts.items():
+            if count >= min_blocks and name not in templates:
+                templates[name] = ReductionTemplate(func)
+    return new_dsk
+
+
+def _reduction_task(key: Key, func: Any, items: list) -> Any:
+    """What ``convert_legacy_task`` makes of ``(func, items)``, every item a key."""
+    from dask._task_spec import Alias, Task, _identity_cast
+
+    return Task(key, func, Task(None, _identity_cast, *map(Alias, items), typ=list))
+
+
+def _member(item: Any, keys: Container) -> bool:
+    """``item in keys`` as ``convert_legacy_task`` asks it (an unhashable item is not)."""
+    try:
+        return item in keys
+    except TypeError:
+        return False

@@ -38,6 +38,7 @@ def convert_legacy_graph(
         Alias,
         DataNode,
         GraphNode,
+        Task,
         convert_legacy_task,
     )
 
@@ -47,6 +48,9 @@ def convert_legacy_graph(
     counts: dict[str, list[Any]] = {}  # name -> [count, function]
     for k, arg in dsk.items():
         t: Any = None
+        if type(arg) is Task:  # already converted (a Blockwise block): kept as it is
+            new_dsk[k] = arg
+            continue
         if type(arg) is tuple and len(arg) == 2 and type(arg[1]) is list and callable(arg[0]):
             items = arg[1]
             if items and all(type(i) in _KEY_TYPES and _member(i, all_keys) for i in items):

@@ -16,7 +16,8 @@ leaves a :class:`~shoal.client.layer_encode.ReductionTemplate` for the encoder
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+import functools
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from shoal.client.layer_encode import ReductionTemplate
@@ -78,9 +79,76 @@ def convert_legacy_graph(
 
 def _reduction_task(key: Key, func: Any, items: list) -> Any:
     """What ``convert_legacy_task`` makes of ``(func, items)``, every item a key."""
+    return _builder()(key, func, items)
+
+
+@functools.cache
+def _builder() -> Callable[[Key, Any, list], Any]:
+    """:func:`_built` where it builds exactly what Dask's constructors build (every
+    slot the same, checked once on a sample), else the constructors."""
     from dask._task_spec import Alias, Task, _identity_cast
 
-    return Task(key, func, Task(None, _identity_cast, *map(Alias, items), typ=list))
+    def constructed(key: Key, func: Any, items: list) -> Any:
+        return Task(key, func, Task(None, _identity_cast, *map(Alias, items), typ=list))
+
+    sample: list = [("a", 0), ("b", 1), ("a", 0)]
+    want, got = constructed(("r", 0), sum, sample), _built(("r", 0), sum, sample)
+    return _built if _same_slots(want, got) else constructed
+
+
+def _built(key: Key, func: Any, items: list) -> Any:
+    """The nodes of :func:`_reduction_task`, their slots set directly: Dask's
+    ``__init__`` work out each node's dependencies one argument at a time, here all
+    of them are the items (a reduction task costs a third)."""
+    from dask._task_spec import Alias, Task, _identity_cast
+
+    new: Any = object.__new__  # (nodes typed Any: Dask types its keys its own way)
+    aliases = []
+    for item in items:
+        alias = new(Alias)
+        alias.key = alias.target = item
+        alias._dependencies = frozenset((item,))
+        aliases.append(alias)
+    deps = frozenset(items)
+    inner = new(Task)
+    inner.key, inner.func, inner.args, inner.kwargs = (
+        None,
+        _identity_cast,
+        tuple(aliases),
+        {"typ": list},
+    )
+    outer = new(Task)
+    outer.key, outer.func, outer.args, outer.kwargs = key, func, (inner,), {}
+    for node in (inner, outer):
+        node._dependencies = deps
+        node._is_coro = node._token = node._repr = None
+        node._data_producer = False
+    return outer
+
+
+def _same_slots(a: Any, b: Any) -> bool:
+    """Whether two Dask nodes (and the nodes among their arguments) have the same type
+    and every slot the same value."""
+    if type(a) is not type(b):
+        return False
+    from dask._task_spec import GraphNode
+
+    for cls in type(a).__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+            x: Any = getattr(a, slot, _UNSET)
+            y: Any = getattr(b, slot, _UNSET)
+            if slot == "args":
+                if len(x) != len(y) or not all(
+                    _same_slots(i, j) if isinstance(i, GraphNode) else i == j
+                    for i, j in zip(x, y, strict=True)
+                ):
+                    return False
+            elif x != y or type(x) is not type(y):
+                return False
+    return True
+
+
+_UNSET = object()
 
 
 def _member(item: Any, keys: Container) -> bool:

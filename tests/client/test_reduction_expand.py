@@ -109,3 +109,34 @@ def reduction_expand_materialize(expr: Any) -> Any:
     from shoal.client import blockwise_expand
 
     return blockwise_expand.materialize(expr, {})
+
+
+def test_nodes_built_directly_have_every_slot_dasks() -> None:
+    from dask._task_spec import Alias, Task, _identity_cast
+
+    reduction_expand._builder.cache_clear()
+    assert reduction_expand._builder() is reduction_expand._built  # on this Dask
+    items = [("x", 2), ("x", 0), "y"]
+    want = Task(("r", 1), max, Task(None, _identity_cast, *map(Alias, items), typ=list))
+    assert reduction_expand._same_slots(reduction_expand._built(("r", 1), max, items), want)
+    assert not reduction_expand._same_slots(reduction_expand._built(("r", 1), max, items[:2]), want)
+
+
+def test_a_dask_whose_nodes_differ_gets_its_constructors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where building the nodes directly would not give Dask's (a slot Dask's
+    constructor sets differently), the constructors are used."""
+    real = reduction_expand._built
+
+    def stale(key: Any, func: Any, items: list) -> Any:
+        node = real(key, func, items)
+        node._data_producer = True
+        return node
+
+    monkeypatch.setattr(reduction_expand, "_built", stale)
+    reduction_expand._builder.cache_clear()
+    try:
+        assert reduction_expand._builder() is not stale
+        dsk = _legacy(da.arange(40, chunks=3).sum())
+        assert_same_graph(reduction_expand.convert_legacy_graph(dsk), dasks_convert(dsk))
+    finally:
+        reduction_expand._builder.cache_clear()

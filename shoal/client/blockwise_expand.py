@@ -327,6 +327,8 @@ def expand_blockwise(
     )
     if templates is not None and slots is not None and len(output_blocks) >= MIN_BLOCKS:
         templates[output] = _layer_template(task, slots, constants)
+    per_block_tokens = [token for token, _, _, _ in per_block]
+    build = None  # how a block's Task is built (after the first, see _direct_builder)
     out: dict[Any, Any] = {}
     for out_coords in output_blocks:
         coords = out_coords + dummies
@@ -364,8 +366,69 @@ def expand_blockwise(
             kwargs = dict(kwargs)
             for name, token in kwarg_slots:
                 kwargs[name] = nodes[token]
-        out[new_key] = Task(new_key, func, *args, _data_producer=producer, **kwargs)
+        if build is None:
+            made = Task(new_key, func, *args, _data_producer=producer, **kwargs)
+            # the first block: Dask's constructor, and the direct build where it gives
+            # the same node (see _direct_builder)
+            build = _direct_builder(made, args, kwargs, nodes, per_block_tokens, slots)
+        else:
+            made = build(new_key, args, kwargs, nodes)
+        out[new_key] = made
     return out
+
+
+def _direct_builder(
+    made: Any,
+    args: list,
+    kwargs: dict,
+    nodes: dict,
+    per_block: list[str],
+    slots: tuple[list[tuple[int, str]], list[tuple[str, str]]],
+) -> Any:
+    """A function building a block's ``Task`` of the layer with its slots set directly
+    (``Task.__init__`` works out the dependencies argument by argument; here those of
+    the arguments the same in every block are worked out once), if it builds ``made``
+    (a block built by Dask's constructor) slot for slot; else Dask's constructor."""
+    from dask._task_spec import GraphNode, Task, TaskRef, _no_deps
+
+    from shoal.client.reduction_expand import _same_slots
+
+    func, producer = made.func, made.data_producer
+    varying = set(per_block)
+    arg_slots, kwarg_slots = slots
+    skipped = {i for i, token in arg_slots if token in varying}
+    skipped_kw = {name for name, token in kwarg_slots if token in varying}
+    constant_deps: set = set()
+    for place, a in [*enumerate(args), *kwargs.items()]:
+        if place in (skipped if isinstance(place, int) else skipped_kw):
+            continue
+        if isinstance(a, TaskRef):
+            constant_deps.add(a.key)
+        elif isinstance(a, GraphNode) and a.dependencies:
+            constant_deps.update(a.dependencies)
+    new: Any = object.__new__
+
+    def direct(key: Any, args: list, kwargs: dict, nodes: dict) -> Any:
+        deps = set(constant_deps)
+        for token in per_block:
+            a = nodes[token]
+            if isinstance(a, TaskRef):
+                deps.add(a.key)
+            elif isinstance(a, GraphNode):
+                deps.update(a.dependencies)
+        node = new(Task)
+        node.key, node.func, node.args, node.kwargs = key, func, tuple(args), dict(kwargs)
+        node._dependencies = frozenset(deps) if deps else _no_deps
+        node._is_coro = node._token = node._repr = None
+        node._data_producer = producer
+        return node
+
+    def constructed(key: Any, args: list, kwargs: dict, nodes: dict) -> Any:
+        return Task(key, func, *args, _data_producer=producer, **kwargs)
+
+    if _same_slots(direct(made.key, args, kwargs, nodes), made):
+        return direct
+    return constructed
 
 
 def _layer_template(

@@ -139,11 +139,11 @@ def _same_slots(a: Any, b: Any) -> bool:
             y: Any = getattr(b, slot, _UNSET)
             if slot == "args":
                 if len(x) != len(y) or not all(
-                    _same_slots(i, j) if isinstance(i, GraphNode) else i == j
+                    i is j or (_same_slots(i, j) if isinstance(i, GraphNode) else i == j)
                     for i, j in zip(x, y, strict=True)
                 ):
                     return False
-            elif x != y or type(x) is not type(y):
+            elif x is not y and (type(x) is not type(y) or x != y):
                 return False
     return True
 

@@ -57,8 +57,9 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """``(dsk, annotations by type)`` for an expression, a HighLevelGraph or a dict;
     every value of ``dsk`` is a Dask ``GraphNode``."""
     from dask._expr import Expr, HLGExpr, LLGExpr
-    from dask._task_spec import convert_legacy_graph
     from dask.highlevelgraph import HighLevelGraph
+
+    from shoal.client.reduction_expand import convert_legacy_graph
 
     if isinstance(graph, HighLevelGraph):
         graph = HLGExpr(graph)
@@ -71,7 +72,7 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
         )
     dsk = graph.__dask_graph__()
     annotations = graph.__dask_annotations__()
-    return convert_legacy_graph(dsk), annotations
+    return convert_legacy_graph(dsk), annotations  # (Dask's, with shoal's fast paths)
 
 
 def cull(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Any]:

@@ -199,7 +199,10 @@ def _cull(hlg: Any, keys: Any) -> Any:
                 keys_set |= deps
                 keys_set -= outputs
             else:
-                culled_layer, culled_deps = layer.cull(keys_set, all_ext_keys)
+                culled = reduction_expand.cull_materialized(layer, keys_set, all_ext_keys)
+                if culled is None:
+                    culled = layer.cull(keys_set, all_ext_keys)
+                culled_layer, culled_deps = culled
                 if not culled_deps:
                     continue
                 for k, d in culled_deps.items():

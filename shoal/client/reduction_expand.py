@@ -77,6 +77,48 @@ def convert_legacy_graph(
     return new_dsk
 
 
+def cull_materialized(layer: Any, keys: set, all_hlg_keys: Any) -> tuple[Any, dict] | None:
+    """``layer.cull(keys, all_hlg_keys)`` for a ``MaterializedLayer`` of legacy tasks
+    (this is Dask's code), a reduction task's dependencies found without Dask's
+    generic walk of the task (:func:`_dependencies`); None for another layer."""
+    from dask.highlevelgraph import MaterializedLayer
+
+    if type(layer) is not MaterializedLayer or not layer.has_legacy_tasks:
+        return None
+    mapping = layer.mapping
+    if len(keys) == len(layer):
+        return layer, {k: _dependencies(mapping[k], all_hlg_keys) for k in mapping}
+    ret_deps = {}
+    seen = set()
+    out = {}
+    work = keys.copy()
+    while work:
+        k = work.pop()
+        if k not in layer:
+            continue
+        out[k] = layer[k]
+        ret_deps[k] = _dependencies(out[k], all_hlg_keys)
+        for d in ret_deps[k]:
+            if d not in seen and d in layer:
+                seen.add(d)
+                work.add(d)
+    return MaterializedLayer(out, annotations=layer.annotations), ret_deps
+
+
+def _dependencies(task: Any, keys: Any) -> set:
+    """``dask.core.keys_in_tasks(keys, [task])``: for a reduction task ``(func,
+    [key, ...])`` its items that are keys, in the same order (the same set)."""
+    if type(task) is tuple and len(task) == 2 and type(task[1]) is list and callable(task[0]):
+        items = task[1]
+        if all(
+            type(i) in _KEY_TYPES and not (type(i) is tuple and i and callable(i[0])) for i in items
+        ):
+            return set([i for i in items if _member(i, keys)])
+    from dask.core import keys_in_tasks
+
+    return keys_in_tasks(keys, [task])
+
+
 def _reduction_task(key: Key, func: Any, items: list) -> Any:
     """What ``convert_legacy_task`` makes of ``(func, items)``, every item a key."""
     return _builder()(key, func, items)

@@ -140,3 +140,39 @@ def test_a_dask_whose_nodes_differ_gets_its_constructors(monkeypatch: pytest.Mon
         assert_same_graph(reduction_expand.convert_legacy_graph(dsk), dasks_convert(dsk))
     finally:
         reduction_expand._builder.cache_clear()
+
+
+def test_cull_of_a_materialized_layer_equals_dasks() -> None:
+    """Whole, in part, and with items that are not keys or not reduction tasks: the
+    same layer (keys in the same order) and the same dependencies as Dask's."""
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    coll = da.arange(200, chunks=3).sum(split_every=4)
+    hlg = coll.__dask_graph__()
+    all_keys = hlg.get_all_external_keys()
+    odd = MaterializedLayer(
+        {
+            ("o", 0): (sum, [("x", 1), 5, ("o", 1)]),
+            ("o", 1): (sum, [(operator.add, 1, 2)]),
+            ("o", 2): (operator.add, ("o", 0), 1),
+            ("o", 3): (sum, []),
+        }
+    )
+    layers = [layer for layer in hlg.layers.values() if type(layer) is MaterializedLayer] + [odd]
+    assert len(layers) > 2
+    for layer in layers:
+        keys = list(layer.keys())
+        for wanted in (set(keys), set(keys[:1]), set(keys[::2]) | {("elsewhere", 0)}):
+            want = layer.cull(set(wanted), all_keys | set(odd.keys()) | {("x", 1)})
+            got = reduction_expand.cull_materialized(
+                layer, set(wanted), all_keys | set(odd.keys()) | {("x", 1)}
+            )
+            if not layer.has_legacy_tasks:  # Dask's task spec already: Dask's cull
+                assert got is None
+                continue
+            assert got is not None
+            assert list(got[0].mapping) == list(want[0].mapping)
+            assert got[0].mapping == want[0].mapping
+            assert got[1] == want[1]
+            assert [list(v) for v in got[1].values()] == [list(v) for v in want[1].values()]
+    assert reduction_expand.cull_materialized(HighLevelGraph({}, {}), set(), set()) is None

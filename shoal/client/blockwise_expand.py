@@ -20,6 +20,12 @@ result is the graph Dask would have made: the same keys in the same order, the s
 task values and dependencies (``tests/client/test_blockwise_expand.py`` compares them
 on many collections and on random ones).
 
+Each block's ``Task`` is built with its slots set directly, its dependencies from the
+layer's once and the block's own (the first block is checked against Dask's
+constructor). The legacy reduction layers are converted and culled by
+:mod:`shoal.client.reduction_expand` (Dask's code with exact fast paths). A large layer
+leaves its template for the encoder (:mod:`shoal.client.layer_encode`).
+
 Anything else takes Dask's path unchanged: another kind of expression or optimiser,
 low-level fusion switched off, a graph already materialised, and, per layer, layers
 that are not ``Blockwise``, ``concatenate=True`` contractions, and substitutions that

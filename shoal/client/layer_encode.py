@@ -9,6 +9,9 @@ it instead, and :class:`LayerEncoder` encodes a task of the layer as the templat
 pickle (made once per layer, a function-table entry, as for the generic templates) plus
 the msgpack of the task's per-block values only.
 
+A reduction tree's layer (``reduction_expand``) has a :class:`ReductionTemplate`: each
+task applies the layer's function to a list of its input keys, which is its one value.
+
 No identity of task objects is trusted: a task is encoded this way only when it *is*
 the template with other values at the per-block places (the same function, the same
 number of arguments and keyword names, every other argument the template's own object,

@@ -162,9 +162,9 @@ class PhaseTimers:
         task_spec = GraphEncoder.task_spec
         clock = time.perf_counter
 
-        def timed_materialize(graph: Any) -> Any:
+        def timed_materialize(graph: Any, *args: Any) -> Any:
             t0 = clock()
-            out = materialize(graph)
+            out = materialize(graph, *args)
             seconds["materialise"] += clock() - t0
             self.tasks = len(out[0])
             return out

@@ -20,6 +20,12 @@ result is the graph Dask would have made: the same keys in the same order, the s
 task values and dependencies (``tests/client/test_blockwise_expand.py`` compares them
 on many collections and on random ones).
 
+Each block's ``Task`` is built with its slots set directly, its dependencies from the
+layer's once and the block's own (the first block is checked against Dask's
+constructor). The legacy reduction layers are converted and culled by
+:mod:`shoal.client.reduction_expand` (Dask's code with exact fast paths). A large layer
+leaves its template for the encoder (:mod:`shoal.client.layer_encode`).
+
 Anything else takes Dask's path unchanged: another kind of expression or optimiser,
 low-level fusion switched off, a graph already materialised, and, per layer, layers
 that are not ``Blockwise``, ``concatenate=True`` contractions, and substitutions that
@@ -33,16 +39,21 @@ import functools
 import itertools
 from typing import Any
 
-from shoal.client import dask_graph
+from shoal.client import dask_graph, reduction_expand
 from shoal.client.gc_pause import gc_paused
+from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate, Template
 from shoal.protocol.messages import Key
 
 
-def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
+def materialize(
+    graph: Any, templates: dict[str, Template] | None = None
+) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """:func:`shoal.client.dask_graph.materialize`, with the Blockwise layers of a
-    Dask array expression expanded here (see the module's docstring)."""
+    Dask array expression expanded here (see the module's docstring). ``templates``
+    (a dict) receives the :class:`~shoal.client.layer_encode.LayerTemplate` of each
+    large layer expanded, by its output name, for the encoder."""
     with gc_paused():
-        optimized = optimized_hlg(graph)
+        optimized = optimized_hlg(graph, templates)
         if optimized is not None:
             # Dask's own expression finishes the job from the optimised graph it would
             # have made itself (its cached property): merging, annotations, the dict.
@@ -50,7 +61,7 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
         return dask_graph.materialize(graph)
 
 
-def optimized_hlg(graph: Any) -> Any | None:
+def optimized_hlg(graph: Any, templates: dict[str, Template] | None = None) -> Any | None:
     """The ``HighLevelGraph`` that Dask's ``_HLGExprSequence._optimized_dsk`` gives for
     ``graph``, made with :func:`expand_layers`; None where this module does not apply."""
     from dask import config
@@ -69,7 +80,9 @@ def optimized_hlg(graph: Any) -> Any | None:
         isinstance(op, HLGExpr) and op.low_level_optimizer is array_optimize for op in operands
     ):
         return None
-    graphs: list[Any] = [_array_optimize(op.hlg, op.__dask_keys__()) for op in operands]
+    graphs: list[Any] = [
+        _array_optimize(op.hlg, op.__dask_keys__(), templates) for op in operands
+    ]
     return HighLevelGraph.merge(*graphs)
 
 
@@ -96,10 +109,12 @@ def _dask_internals_present() -> bool:
     )
 
 
-def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:
+def _array_optimize(
+    dsk: Any, keys: Any, templates: dict[str, Template] | None = None
+) -> dict[Key, Any]:
     """``dask.array.optimization.optimize`` with :func:`expand_layers` in place of
     ``ensure_dict`` (the caller has checked that low-level fusion is on)."""
-    from dask._task_spec import convert_legacy_graph, fuse_linear_task_spec
+    from dask._task_spec import fuse_linear_task_spec
     from dask.array.optimization import _optimize_slices
     from dask.blockwise import optimize_blockwise
     from dask.core import flatten
@@ -114,8 +129,8 @@ def _array_optimize(dsk: Any, keys: Any) -> dict[Key, Any]:
     dsk = optimize_blockwise(dsk, keys=keys)
     dsk = _fuse_roots(dsk, keys=keys)
     dsk = _cull(dsk, set(keys))
-    flat = expand_layers(dsk)
-    flat = convert_legacy_graph(flat)
+    flat = expand_layers(dsk, templates)
+    flat = reduction_expand.convert_legacy_graph(flat, None, templates, MIN_BLOCKS)
     flat = fuse_linear_task_spec(flat, keys=keys)
     return _optimize_slices(flat)
 
@@ -190,7 +205,10 @@ def _cull(hlg: Any, keys: Any) -> Any:
                 keys_set |= deps
                 keys_set -= outputs
             else:
-                culled_layer, culled_deps = layer.cull(keys_set, all_ext_keys)
+                culled = reduction_expand.cull_materialized(layer, keys_set, all_ext_keys)
+                if culled is None:
+                    culled = layer.cull(keys_set, all_ext_keys)
+                culled_layer, culled_deps = culled
                 if not culled_deps:
                     continue
                 for k, d in culled_deps.items():
@@ -243,24 +261,29 @@ def _cull_reading_no_blocks(layer: Any, keys: set) -> tuple[Any, set, set] | Non
     return culled, outputs, const_deps if outputs else set()
 
 
-def expand_layers(hlg: Any) -> dict[Key, Any]:
+def expand_layers(hlg: Any, templates: dict[str, Template] | None = None) -> dict[Key, Any]:
     """``dask.utils.ensure_dict(hlg)``: every layer's tasks in one dict, in layer order
     (a later layer's task replaces an earlier one of the same key), Blockwise layers
-    through :func:`expand_blockwise` where it can."""
+    through :func:`expand_blockwise` where it can (``templates``: as for
+    :func:`materialize`)."""
     out: dict[Key, Any] = {}
     seen: set[int] = set()
     for layer in hlg.layers.values():
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        expanded = expand_blockwise(layer)
+        expanded = expand_blockwise(layer, templates)
         out.update(layer if expanded is None else expanded)
     return out
 
 
-def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
+def expand_blockwise(
+    layer: Any, templates: dict[str, Template] | None = None
+) -> dict[Key, Any] | None:
     """The tasks of a ``Blockwise`` layer, exactly as Dask's ``_make_blockwise_graph``
-    makes them; None for a layer it does not reproduce (the caller uses Dask's)."""
+    makes them; None for a layer it does not reproduce (the caller uses Dask's). A
+    layer of at least ``layer_encode.MIN_BLOCKS`` blocks whose tasks are its template
+    with their own values in place leaves its :class:`LayerTemplate` in ``templates``."""
     from dask._task_spec import DataNode, GraphNode, Task, TaskRef, parse_input
     from dask.blockwise import (
         Blockwise,
@@ -311,6 +334,10 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
     output_blocks = layer.output_blocks or list(
         itertools.product(*[range(dims[i]) for i in out_indices])
     )
+    if templates is not None and slots is not None and len(output_blocks) >= MIN_BLOCKS:
+        templates[output] = _layer_template(task, slots, constants)
+    per_block_tokens = [token for token, _, _, _ in per_block]
+    build = None  # how a block's Task is built (after the first, see _direct_builder)
     out: dict[Any, Any] = {}
     for out_coords in output_blocks:
         coords = out_coords + dummies
@@ -348,8 +375,95 @@ def expand_blockwise(layer: Any) -> dict[Key, Any] | None:
             kwargs = dict(kwargs)
             for name, token in kwarg_slots:
                 kwargs[name] = nodes[token]
-        out[new_key] = Task(new_key, func, *args, _data_producer=producer, **kwargs)
+        if build is None:
+            made = Task(new_key, func, *args, _data_producer=producer, **kwargs)
+            # the first block: Dask's constructor, and the direct build where it gives
+            # the same node (see _direct_builder)
+            build = _direct_builder(made, args, kwargs, nodes, per_block_tokens, slots)
+        else:
+            made = build(new_key, args, kwargs, nodes)
+        out[new_key] = made
     return out
+
+
+def _direct_builder(
+    made: Any,
+    args: list,
+    kwargs: dict,
+    nodes: dict,
+    per_block: list[str],
+    slots: tuple[list[tuple[int, str]], list[tuple[str, str]]],
+) -> Any:
+    """A function building a block's ``Task`` of the layer with its slots set directly
+    (``Task.__init__`` works out the dependencies argument by argument; here those of
+    the arguments the same in every block are worked out once), if it builds ``made``
+    (a block built by Dask's constructor) slot for slot; else Dask's constructor."""
+    from dask._task_spec import GraphNode, Task, TaskRef, _no_deps
+
+    from shoal.client.reduction_expand import _same_slots
+
+    func, producer = made.func, made.data_producer
+    varying = set(per_block)
+    arg_slots, kwarg_slots = slots
+    skipped = {i for i, token in arg_slots if token in varying}
+    skipped_kw = {name for name, token in kwarg_slots if token in varying}
+    constant_deps: set = set()
+    for place, a in [*enumerate(args), *kwargs.items()]:
+        if place in (skipped if isinstance(place, int) else skipped_kw):
+            continue
+        if isinstance(a, TaskRef):
+            constant_deps.add(a.key)
+        elif isinstance(a, GraphNode) and a.dependencies:
+            constant_deps.update(a.dependencies)
+    new: Any = object.__new__
+
+    def direct(key: Any, args: list, kwargs: dict, nodes: dict) -> Any:
+        deps = set(constant_deps)
+        for token in per_block:
+            a = nodes[token]
+            if isinstance(a, TaskRef):
+                deps.add(a.key)
+            elif isinstance(a, GraphNode):
+                deps.update(a.dependencies)
+        node = new(Task)
+        node.key, node.func, node.args, node.kwargs = key, func, tuple(args), dict(kwargs)
+        node._dependencies = frozenset(deps) if deps else _no_deps
+        node._is_coro = node._token = node._repr = None
+        node._data_producer = producer
+        return node
+
+    def constructed(key: Any, args: list, kwargs: dict, nodes: dict) -> Any:
+        return Task(key, func, *args, _data_producer=producer, **kwargs)
+
+    if _same_slots(direct(made.key, args, kwargs, nodes), made):
+        return direct
+    return constructed
+
+
+def _layer_template(
+    task: Any,
+    slots: tuple[list[tuple[int, str]], list[tuple[str, str]]],
+    constants: dict[str, Any],
+) -> LayerTemplate:
+    """The layer's tasks as :func:`expand_blockwise` builds them on the direct path:
+    the template's arguments, a placeholder taking the same node in every block
+    (``constants``) already in place, the others per block."""
+    arg_slots, kwarg_slots = slots
+    args = list(task.args)
+    per_block: list[int] = []
+    for i, token in arg_slots:
+        if token in constants:
+            args[i] = constants[token]
+        else:
+            per_block.append(i)
+    kwargs = dict(task.kwargs)
+    per_block_kw: list[str] = []
+    for name, token in kwarg_slots:
+        if token in constants:
+            kwargs[name] = constants[token]
+        else:
+            per_block_kw.append(name)
+    return LayerTemplate(task.func, args, kwargs, per_block, per_block_kw)
 
 
 # Values that Dask's ``parse_input`` returns unchanged, also as items of a plain tuple

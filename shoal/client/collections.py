@@ -64,8 +64,9 @@ def submit_graph(
 
     asked = list(dict.fromkeys(keys))
     shuffle_dask.install()
+    layer_templates: dict[str, Any] = {}  # the expanded layers' templates, for the encoder
     with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
-        dsk, by_type = materialize(graph)
+        dsk, by_type = materialize(graph, layer_templates)
     dsk = cull(dsk, asked)
     targets = alias_targets(dsk, asked) if follow_aliases else {}
     keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
@@ -83,7 +84,7 @@ def submit_graph(
     # A layer's template pays off from its second task on: a graph this small has no
     # layers to share one, and making and consulting the cache per compute would cost
     # more than its tasks' encoding.
-    encoder.start_graph(templates=len(dsk) > SMALL_GRAPH_TASKS)
+    encoder.start_graph(layer_templates, templates=len(dsk) > SMALL_GRAPH_TASKS)
     # (a graph too small to order needs no bound: no config lookup per small compute)
     ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None)
     # Large data nodes are placed on the workers (or found there) before the graph is

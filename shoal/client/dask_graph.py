@@ -29,6 +29,7 @@ from shoal.protocol.messages import Key, check_key
 from shoal.protocol.serialize import (
     FunctionTable,
     TableFunction,
+    TaskArgs,
     pickled_task_args,
     plain_task_args,
 )
@@ -56,8 +57,9 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     """``(dsk, annotations by type)`` for an expression, a HighLevelGraph or a dict;
     every value of ``dsk`` is a Dask ``GraphNode``."""
     from dask._expr import Expr, HLGExpr, LLGExpr
-    from dask._task_spec import convert_legacy_graph
     from dask.highlevelgraph import HighLevelGraph
+
+    from shoal.client.reduction_expand import convert_legacy_graph
 
     if isinstance(graph, HighLevelGraph):
         graph = HLGExpr(graph)
@@ -70,7 +72,7 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
         )
     dsk = graph.__dask_graph__()
     annotations = graph.__dask_annotations__()
-    return convert_legacy_graph(dsk), annotations
+    return convert_legacy_graph(dsk), annotations  # (Dask's, with shoal's fast paths)
 
 
 def cull(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Any]:
@@ -250,17 +252,28 @@ class GraphEncoder:
         # functions by function-table reference.
         self._reducers: dict[type, Any] = {Task: _reduce_task}
         self._templates: Any = None  # a graph's LayerTemplates (start_graph)
+        self._layers: Any = None  # a graph's LayerEncoder (start_graph)
 
-    def start_graph(self, templates: bool = True) -> None:
+    def start_graph(
+        self, layers: dict[str, Any] | None = None, templates: bool = True
+    ) -> None:
         """Encode the next tasks with a fresh template cache: one per graph, as its
-        objects may have changed since the last graph (see templates.py). Without
-        ``templates`` (a graph too small to have layers), each task is encoded alone."""
+        objects may have changed since the last graph (see templates.py). ``layers``:
+        the templates of the graph's expanded layers (``layer_encode``), by name.
+        Without ``templates`` (a graph too small to have layers), each task is encoded
+        alone."""
+        self._layers = None
         if not templates:
             self._templates = None
             return
+        from shoal.client.layer_encode import LayerEncoder
         from shoal.client.templates import LayerTemplates
 
         self._templates = LayerTemplates(self.functions, self.ref_types, self._reducers)
+        if layers:
+            self._layers = LayerEncoder(
+                layers, self.functions, self.ref_types, self._reducers, self, Dep
+            )
 
     def task_spec(
         self,
@@ -273,6 +286,10 @@ class GraphEncoder:
         func: Any
         args: tuple
         kwargs: dict
+        if self._layers is not None and type(key) is tuple:
+            fast = self._layers.encode(key[0], node)
+            if fast is not None:
+                return self._spec(key, fast[0], fast[1], priority, retries, restrictions)
         if type(node) is self._task:  # the usual node, before the isinstance chain
             func, args, kwargs = self._task_call(node)
         elif isinstance(node, self._alias):
@@ -292,6 +309,17 @@ class GraphEncoder:
             encoded = plain_task_args(args, kwargs, self.ref_types)
         if encoded is None:
             encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
+        return self._spec(key, fid, encoded, priority, retries, restrictions)
+
+    def _spec(
+        self,
+        key: Key,
+        fid: str,
+        encoded: TaskArgs,
+        priority: int,
+        retries: int,
+        restrictions: m.TaskRestrictions | None,
+    ) -> m.TaskSpec:
         payload, deps, funcs = encoded
         try:
             return m.TaskSpec(

@@ -174,8 +174,8 @@ def expanded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     done: list[Any] = []
     real = blockwise_expand.expand_blockwise
 
-    def spy(layer: Any) -> Any:
-        out = real(layer)
+    def spy(layer: Any, *args: Any) -> Any:
+        out = real(layer, *args)
         if out is not None:
             done.append(layer)
         return out
@@ -411,3 +411,29 @@ def test_persisted_array_through_shoal(client: Client) -> None:
     x = client.persist(da.arange(40, chunks=4) * 3)
     coll = (x + 1).sum()
     assert client.compute(coll).result() == sum(3 * i + 1 for i in range(40))
+
+
+def test_blocks_built_directly_or_by_dasks_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks after the first are built with their slots set directly where the first
+    so built is Dask's; where it would not be, by Dask's constructor: Dask's graph
+    either way."""
+    from shoal.client import reduction_expand
+
+    chosen: list[str] = []
+    real = blockwise_expand._direct_builder
+
+    def spy(*args: Any) -> Any:
+        out = real(*args)
+        chosen.append(out.__name__)
+        return out
+
+    monkeypatch.setattr(blockwise_expand, "_direct_builder", spy)
+    coll = (da.ones((40,), chunks=4) + da.arange(40, chunks=4)).sum()
+    (dsk, _), (ref, _) = both(coll)
+    assert_same_graph(dsk, ref)
+    assert chosen and set(chosen) == {"direct"}
+    chosen.clear()
+    monkeypatch.setattr(reduction_expand, "_same_slots", lambda a, b: False)
+    (dsk, _), (ref, _) = both(coll)
+    assert_same_graph(dsk, ref)
+    assert chosen and set(chosen) == {"constructed"}

@@ -79,7 +79,7 @@ class _Stop(Exception):
 def test_submit_graph_materialises_with_the_collector_paused(monkeypatch):
     states = []
 
-    def materialize(graph):
+    def materialize(graph, *layer_templates):
         states.append(gc.isenabled())
         raise _Stop
 

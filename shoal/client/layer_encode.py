@@ -1,0 +1,256 @@
+"""Tasks of an expanded layer encoded straight from the layer's template.
+
+:mod:`shoal.client.blockwise_expand` builds every block of a large Blockwise layer as
+the layer's template task with its per-block arguments put in place (a dependency's
+``TaskRef``, an io value's ``DataNode``); every other argument is the very same object
+in all blocks. The generic encoder (:mod:`shoal.client.templates`) rediscovers that
+structure per task by walking each task's arguments. A :class:`LayerTemplate` records
+it instead, and :class:`LayerEncoder` encodes a task of the layer as the template's
+pickle (made once per layer, a function-table entry, as for the generic templates) plus
+the msgpack of the task's per-block values only.
+
+A reduction tree's layer (``reduction_expand``) has a :class:`ReductionTemplate`: each
+task applies the layer's function to a list of its input keys, which is its one value.
+
+No identity of task objects is trusted: a task is encoded this way only when it *is*
+the template with other values at the per-block places (the same function, the same
+number of arguments and keyword names, every other argument the template's own object,
+by identity), so a task that a later step replaced (linear fusion, slice fusion, an
+alias skipped) or one the expansion never made is encoded the generic way; so is a
+task whose per-block values are not plain (msgpack cannot carry them exactly).
+Layers of fewer than ``MIN_BLOCKS`` blocks are left to the generic encoder: their
+template holds the layer's names and constants, and the function table is never
+pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shoal.protocol import plain_codec
+from shoal.protocol.calls import Call, run_nested
+from shoal.protocol.messages import Key, Payload
+from shoal.protocol.serialize import (
+    TEMPLATE,
+    FunctionTable,
+    Reducers,
+    Slot,
+    TableFunction,
+    TaskArgs,
+    template_body,
+    template_payload,
+)
+
+MIN_BLOCKS = 256  # a smaller layer takes the generic encoder
+MAX_TEMPLATE_BYTES = 64 * 1024  # as templates.py: larger templates are not made
+
+
+class LayerTemplate:
+    """What the expansion knows of a layer's tasks: every task is ``task`` with its
+    own values at ``arg_slots`` (positions) and ``kwarg_slots`` (names); ``args`` and
+    ``kwargs`` are the objects at every other place (the same in every task)."""
+
+    __slots__ = ("func", "args", "kwargs", "arg_slots", "kwarg_slots", "arg_constants")
+
+    def __init__(
+        self,
+        func: Any,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        arg_slots: list[int],
+        kwarg_slots: list[str],
+    ):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.arg_slots = arg_slots
+        self.kwarg_slots = kwarg_slots
+        slotted = set(arg_slots)
+        self.arg_constants = [i for i in range(len(args)) if i not in slotted]
+
+
+class ReductionTemplate:
+    """What the conversion of a reduction's legacy tasks knows of a layer's tasks
+    (``reduction_expand``): each is ``Task(key, func, Task(None, _identity_cast,
+    Alias(k1), ..., typ=list))``, the keys its own."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: Any):
+        self.func = func
+
+
+Template = LayerTemplate | ReductionTemplate
+
+
+class _Encoded:
+    """A layer's template as sent: its function id, template id, and what it holds."""
+
+    __slots__ = ("fid", "template_id", "deps", "funcs")
+
+    def __init__(self, fid: str, template_id: str, deps: list[Key], funcs: list[str]):
+        self.fid = fid
+        self.template_id = template_id
+        self.deps = deps
+        self.funcs = funcs
+
+
+class LayerEncoder:
+    """Encodes the tasks of the layers in ``layers`` (by output name) for one graph."""
+
+    def __init__(
+        self,
+        layers: dict[str, Template],
+        functions: FunctionTable,
+        ref_types: dict[type, Callable[[Any], Key]],
+        reducers: Reducers,
+        generic: Any,
+        dep_type: Callable[[Key], Any],
+    ):
+        from dask._task_spec import Alias, DataNode, Task, TaskRef, _identity_cast
+
+        self.layers = layers
+        self.functions = functions
+        self.ref_types = ref_types
+        self.reducers = reducers
+        # the GraphEncoder: its conversion of an argument (``_arg``), which sets its
+        # ``_nested`` flag where an argument is an inline task
+        self._generic = generic
+        self._dep = dep_type
+        self._made: dict[str, _Encoded | None] = {}
+        self._task_type: Any = Task
+        self._taskref: Any = TaskRef
+        self._datanode: Any = DataNode
+        self._alias: Any = Alias
+        self._identity_cast: Any = _identity_cast
+        self.encoded = 0  # tasks encoded here (tests and benchmarks read it)
+
+    def encode(self, name: str, node: Any) -> tuple[str, TaskArgs] | None:
+        """``(function id, arguments)`` of ``node`` (a task of layer ``name``), or None:
+        encode it the generic way."""
+        layer = self.layers.get(name)
+        if layer is None or type(node) is not self._task_type or node.func is not layer.func:
+            return None
+        if isinstance(layer, ReductionTemplate):
+            return self._encode_reduction(name, layer, node)
+        args = node.args
+        template_args = layer.args
+        if len(args) != len(template_args):
+            return None
+        for i in layer.arg_constants:
+            if args[i] is not template_args[i]:
+                return None
+        kwargs = node.kwargs
+        if kwargs or layer.kwargs:
+            if kwargs.keys() != layer.kwargs.keys():
+                return None
+            slotted = layer.kwarg_slots
+            for k, v in layer.kwargs.items():
+                if k not in slotted and kwargs[k] is not v:
+                    return None
+        values = [self._value(args[i]) for i in layer.arg_slots]
+        values.extend([self._value(kwargs[k]) for k in layer.kwarg_slots])
+        for v in values:
+            if v is _NOT_PLAIN:
+                return None
+        return self._payload(name, layer, values)
+
+    def _encode_reduction(
+        self, name: str, layer: ReductionTemplate, node: Any
+    ) -> tuple[str, TaskArgs] | None:
+        """A reduction task: its list of input keys is the one value."""
+        args = node.args
+        if len(args) != 1 or node.kwargs:
+            return None
+        inner = args[0]
+        if type(inner) is not self._task_type or inner.func is not self._identity_cast:
+            return None
+        kwargs = inner.kwargs
+        if len(kwargs) != 1 or kwargs.get("typ") is not list:
+            return None
+        alias = self._alias
+        dep = self._dep
+        keys = []
+        for a in inner.args:
+            if type(a) is not alias:
+                return None
+            keys.append(dep(a.target))
+        return self._payload(name, layer, [tuple(keys)])
+
+    def _payload(
+        self, name: str, layer: Template, values: list[Any]
+    ) -> tuple[str, TaskArgs] | None:
+        if name in self._made:
+            made = self._made[name]
+        else:
+            made = self._made[name] = self._make(layer)
+        if made is None:
+            return None
+        deps = list(made.deps)
+        try:
+            slot_bytes = plain_codec.dumps(values, self.ref_types, deps)
+        except plain_codec.NotPlain:
+            return None
+        self.encoded += 1
+        data = template_payload(made.template_id, slot_bytes)
+        return made.fid, TaskArgs(Payload(TEMPLATE, data), deps, made.funcs)
+
+    def _value(self, node: Any) -> Any:
+        """A per-block argument as the task sees it (as the generic encoder converts
+        it); ``_NOT_PLAIN`` for anything but a reference or a literal."""
+        t = type(node)
+        if t is self._taskref:
+            return self._dep(node.key)
+        if t is self._datanode:
+            return node.value
+        return _NOT_PLAIN
+
+    def _make(self, layer: Template) -> _Encoded | None:
+        if isinstance(layer, ReductionTemplate):
+            # as the generic encoder converts it: the inner task is a nested call
+            keys: Any = Slot(0)  # the task's keys: a tuple, as the generic encoder's
+            inner = Call(TableFunction(self._identity_cast), keys, {"typ": list})
+            call = Call(TableFunction(layer.func), (inner,), {})
+            return self._register(run_nested, ((call,), {}))
+        return self._make_layer(layer)
+
+    def _register(self, func: Any, body: tuple[tuple, dict]) -> _Encoded | None:
+        fid = self.functions.register(func)
+        made = template_body(body, self.ref_types, self.functions, self.reducers)
+        pickled = made.payload.data
+        if len(pickled) > MAX_TEMPLATE_BYTES:
+            return None
+        template_id = self.functions.register_template(pickled)
+        funcs = list(dict.fromkeys([template_id, *made.funcs]))
+        return _Encoded(fid, template_id, list(made.deps), funcs)
+
+    def _make_layer(self, layer: LayerTemplate) -> _Encoded | None:
+        """The layer's template: its arguments as the generic encoder converts them,
+        a :class:`Slot` at each per-block place, pickled once (as ``_task_call`` makes
+        a task's call: nested tasks run through ``run_nested``, partials taken apart)."""
+        places: list[Any] = [*layer.arg_slots, *layer.kwarg_slots]
+        slots: dict[Any, Slot] = {place: Slot(i) for i, place in enumerate(places)}
+        generic = self._generic
+        generic._nested = False
+        convert = generic._arg
+        args = tuple([slots[i] if i in slots else convert(a) for i, a in enumerate(layer.args)])
+        kwargs = {k: slots[k] if k in slots else convert(v) for k, v in layer.kwargs.items()}
+        func = layer.func
+        if generic._nested:
+            func, args, kwargs = run_nested, (Call(TableFunction(func), args, kwargs),), {}
+        else:
+            while _is_partial(func):
+                args = func.args + args
+                kwargs = {**func.keywords, **kwargs}
+                func = func.func
+        return self._register(func, (args, kwargs))
+
+
+def _is_partial(func: Any) -> bool:
+    import functools
+
+    return isinstance(func, functools.partial)
+
+
+_NOT_PLAIN = object()  # a per-block value this module does not encode

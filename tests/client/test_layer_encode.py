@@ -226,8 +226,8 @@ def test_results_through_shoal_equal_sync(
     used: list[int] = []
     real = GraphEncoder.start_graph
 
-    def spy(self: GraphEncoder, layers: Any = None) -> None:
-        real(self, layers)
+    def spy(self: GraphEncoder, layers: Any = None, templates: bool = True) -> None:
+        real(self, layers, templates)
         used.append(len(layers or ()))
 
     monkeypatch.setattr(GraphEncoder, "start_graph", spy)

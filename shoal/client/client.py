@@ -64,16 +64,10 @@ _LATE_REPLIES = (
     m.TaskStreamReply,
     *(m.RebalanceReply, m.HasWhatReply),
 )
-_RESULTS = (m.KeyInMemory, m.KeyErred, m.KeyCancelled)  # what a caller waits for
 T = TypeVar("T")
 # Inline results a client holds at most, in all (each at most the workers' limit,
 # shoal.worker.inline-results-bytes); past this, results are fetched when gathered.
 INLINE_HELD_MAX = 256 * 2**20
-# A release from the caller's thread just after results came is sent by a flush the
-# loop arms on those results, this much later, rather than by waking the loop at once:
-# the wake-up would compete for the CPU with the caller on its way back from compute()
-# (a release is never urgent; Dask batches its client's messages every 10 ms).
-RELEASE_FLUSH_DELAY = 0.005
 # Clients of this process that may be connected: closed at exit before the clusters
 # (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -176,7 +170,6 @@ class Client(
         self._submit_lock = threading.Lock()
         self._submits = itertools.count(1)
         self._wakeup_scheduled = False
-        self._release_flush_armed = False  # a flush is due within RELEASE_FLUSH_DELAY
         self._worker_conns = ConnectionPool(
             lambda: m.Hello(m.PROTOCOL_VERSION, "client", name=self.id), timeout
         )
@@ -372,37 +365,17 @@ class Client(
 
     def _send(self, msg: m.Message) -> None:
         """Queue a message for the scheduler from any thread, keeping order."""
-        in_loop = self._runner is None or self._runner.in_loop_thread()
         with self._outbox_lock:
             self._outbox.append(msg)
             if self._wakeup_scheduled:
                 return
-            if self._release_flush_armed and not in_loop and type(msg) is m.ReleaseKeys:
-                return  # the armed flush sends it: no wake-up now (RELEASE_FLUSH_DELAY)
             self._wakeup_scheduled = True
         loop = self._loop
         assert loop is not None
-        if in_loop:
+        if self._runner is None or self._runner.in_loop_thread():
             loop.call_soon(self._flush_outbox)
         else:
             loop.call_soon_threadsafe(self._flush_outbox)
-
-    def _arm_release_flush(self) -> None:
-        """On the loop, as results arrive: the releases that follow them from other
-        threads wait for a flush RELEASE_FLUSH_DELAY from now (see _send)."""
-        with self._outbox_lock:
-            if self._release_flush_armed:
-                return
-            self._release_flush_armed = True
-        assert self._loop is not None
-        self._loop.call_later(RELEASE_FLUSH_DELAY, self._release_flush_due)
-
-    def _release_flush_due(self) -> None:
-        with self._outbox_lock:
-            self._release_flush_armed = False  # (from now on, a release wakes the loop)
-            pending = bool(self._outbox) and not self._wakeup_scheduled
-        if pending:
-            self._flush_outbox()
 
     def _flush_outbox(self) -> None:
         with self._outbox_lock:
@@ -480,13 +453,6 @@ class Client(
 
     def _on_frame(self, conn: Connection, frame: Frame) -> None:
         states = self._states
-        # (a synchronous client's results are awaited in other threads)
-        if (
-            self._runner is not None
-            and not self._release_flush_armed
-            and any(type(msg) in _RESULTS for msg in frame.messages)
-        ):
-            self._arm_release_flush()
         for msg in frame.messages:
             t = type(msg)
             if t is m.KeyInMemory:

@@ -260,3 +260,22 @@ def test_coroutine_functions_run_to_completion(client):
     futs = client.map(async_inc, range(5))
     assert client.gather(futs) == [1, 2, 3, 4, 5]
     assert client.get({"a": (async_inc, 41)}, "a") == 42
+
+
+def test_a_request_after_a_release_sees_the_release(client: Client) -> None:
+    """A client's messages reach the scheduler in the order its caller made them, also
+    when one is a release queued for the scheduler connection and the next a request
+    written on it directly: asked right after a compute, the cluster no longer holds
+    the keys the compute released."""
+    import dask
+
+    for i in range(20):
+        total = dask.delayed(sum)([i, 1, 2])
+        assert total.compute(scheduler=client.get) == i + 3
+        held = {k for keys in client.has_what().values() for k in keys}
+        assert total.key not in held, f"compute {i}: released key still held"
+        future = client.submit(lambda x: x + 1, i, pure=False)
+        assert future.result(timeout=10) == i + 1
+        key = future.key
+        del future
+        assert key not in {k for keys in client.has_what().values() for k in keys}

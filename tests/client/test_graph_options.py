@@ -7,28 +7,11 @@ from typing import Any
 
 import dask
 import dask.array as da
+from specs_client import SpecsClient
 
 from shoal.client import collections
 from shoal.client.dask_graph import GraphEncoder
-from shoal.client.futures import Future
 from shoal.protocol.serialize import FunctionTable
-
-
-class SpecsClient:
-    """What ``submit_graph`` needs of a client; keeps the specs it is given."""
-
-    def __init__(self) -> None:
-        self._states: dict = {}
-        self.specs: list = []
-        self._encoder = GraphEncoder(FunctionTable(), {Future: lambda f: f.key})
-
-    def _graph_encoder(self) -> GraphEncoder:
-        return self._encoder
-
-    def _submit_parts(self, parts: Any, keys: list) -> list:
-        for part in parts:
-            self.specs.extend(part)
-        return [None] * len(keys)
 
 
 def submitted(collection: Any, **options: Any) -> dict:

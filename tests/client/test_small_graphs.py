@@ -7,29 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from specs_client import SpecsClient
 
 from shoal.client import collections
-from shoal.client.dask_graph import GraphEncoder
-from shoal.protocol.serialize import TEMPLATE, FunctionTable
-
-
-class SpecsClient:
-    """What ``submit_graph`` needs of a client; keeps the specs it is given."""
-
-    def __init__(self) -> None:
-        self._states: dict = {}
-        self.specs: list = []
-        self.functions = FunctionTable()
-        self._encoder = GraphEncoder(self.functions, {})
-
-    def _graph_encoder(self) -> GraphEncoder:
-        return self._encoder
-
-    def _submit_parts(self, parts: Any, keys: list) -> list:
-        for part in parts:
-            self.specs.extend(part)
-        return [None] * len(keys)
-
+from shoal.protocol.serialize import TEMPLATE
 
 DTYPE = np.dtype("float64")  # an object every task refers to: a shape, not a plain value
 

@@ -9,8 +9,6 @@ runs, resources); these do the same transitions with the same story records, cou
 and instructions in one straight pass, and leave every other case to the general
 handlers. ``WorkerState.plain_shortcuts = False`` turns them off (the tests compare both).
 FreeKeys forgets a result no local task needs without the general release's detour.
-A result goes into ``data`` through its ``store(key, value, size)`` when it has one (the
-server's SpillBuffer), with the size the task's thread measured, not measured again.
 """
 
 from __future__ import annotations
@@ -110,19 +108,10 @@ def _finish_plain(state: WorkerState, ev: ExecuteSuccess) -> bool:
     sid = ev.stimulus_id
     state._log((ev.key, "ExecuteSuccess", sid))
     state._executing.discard(ts)
-    duration = ev.stop - ev.start  # the moving average _finished keeps
-    if state._durations_measured:
-        state._recent_duration += (duration - state._recent_duration) * 0.2
-    else:
-        state._recent_duration, state._durations_measured = duration, True
+    state._note_duration(ev.stop - ev.start)
     ts.start = ev.start
     ts.stop = ev.stop
-    data = state.data
-    store = getattr(data, "store", None)  # the server's SpillBuffer: sized already
-    if store is None:
-        data[ev.key] = ev.value
-    else:
-        store(ev.key, ev.value, ev.nbytes)
+    state._store_result(ev)
     ts.nbytes = ev.nbytes
     ts.type_name = ev.type_name
     state._record_transition((ev.key, "executing", "memory", sid))

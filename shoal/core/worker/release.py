@@ -48,6 +48,7 @@ class Releases:
 
     tasks: dict[Key, WTask]
     data: MutableMapping[Key, Any]
+    _store: Callable[[Key, Any, int], None] | None  # data's store(key, value, size), if any
     total_resources: dict[str, float]
     available_resources: dict[str, float]
     _out: list[Instruction]
@@ -177,6 +178,23 @@ class Releases:
         else:
             self._lost([ts], sid)
 
+    def _note_duration(self, duration: float) -> None:
+        """A moving average of how long tasks take here (from the first one): it sets
+        how far the threads run ahead."""
+        if self._durations_measured:
+            self._recent_duration += (duration - self._recent_duration) * 0.2
+        else:
+            self._recent_duration, self._durations_measured = duration, True
+
+    def _store_result(self, ev: ExecuteSuccess) -> None:
+        """Put a task's result in ``data``: through ``store`` with the size its thread
+        measured where ``data`` has one (the server's SpillBuffer), so it is not
+        measured again on the loop."""
+        if self._store is None:
+            self.data[ev.key] = ev.value
+        else:
+            self._store(ev.key, ev.value, ev.nbytes)
+
     def _finished(self, ev: ExecuteSuccess | ExecuteFailure, finish: str) -> WTask | None:
         """The task whose thread ended, if its result counts."""
         self._log((ev.key, type(ev).__name__, ev.stimulus_id))
@@ -197,13 +215,7 @@ class Releases:
                 available[resource] += need
             if not self._executing and not self._seceded and not self._rejoining:
                 self.available_resources = dict(self.total_resources)  # no drift from sums
-        # A moving average of how long tasks take here (from the first one): it sets how
-        # far the threads run ahead.
-        duration = ev.stop - ev.start
-        if self._durations_measured:
-            self._recent_duration += (duration - self._recent_duration) * 0.2
-        else:
-            self._recent_duration, self._durations_measured = duration, True
+        self._note_duration(ev.stop - ev.start)
         if ts.state == "cancelled":
             if interrupted and (ts.resume is not None or ts.dependents):
                 self._after_interrupt(ts, ev.stimulus_id)

@@ -180,6 +180,7 @@ class WorkerState(Fetching, Releases):
         self.transfer_bytes_limit = transfer_bytes_limit  # bytes asked per GatherDep
         # results by key: a dict, or the server's SpillBuffer (which may keep some on disk)
         self.data: MutableMapping[Key, Any] = {} if data is None else data
+        self._store = getattr(self.data, "store", None)  # see Releases._store_result
         self.paused = False
         self.tasks: dict[Key, WTask] = {}
         self._story = StoryLog()
@@ -563,7 +564,7 @@ class WorkerState(Fetching, Releases):
     def _handle_execute_success(self, ev: ExecuteSuccess) -> None:
         ts = self._finished(ev, "memory")
         if ts is not None:
-            self.data[ev.key] = ev.value
+            self._store_result(ev)
             ts.nbytes = ev.nbytes
             ts.type_name = ev.type_name
             self._transition(ts, "memory", ev.stimulus_id)

@@ -93,7 +93,7 @@ _CONTAINERS = frozenset({list, tuple})
 
 def loop_safe_function(func: Any) -> bool:
     """Whether ``func`` is one of ``LOOP_SAFE_FUNCTIONS`` (identity, not equality)."""
-    return _SAFE_BY_ID.get(id(func)) is func
+    return func is not None and _SAFE_BY_ID.get(id(func)) is func
 
 
 def small_plain_arguments(args: tuple, kwargs: dict) -> bool:

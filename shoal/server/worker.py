@@ -61,7 +61,7 @@ from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.loop_latency import LoopLatency
-from shoal.server.loop_tasks import runs_on_loop, tiny_tasks_on_loop_enabled
+from shoal.server.loop_tasks import loop_safe_function, runs_on_loop, tiny_tasks_on_loop_enabled
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
@@ -543,6 +543,8 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                     check_budget(self)
         finally:
             self._feeding_loop_results = False
+        if self.scheduler is not None:  # results go now, as a thread's (_drain_results)
+            self.scheduler.flush()
 
     def _execute(self, keys: list[Any]) -> None:
         """Hand ``keys`` (best first) to the task threads. A single thread gets them as
@@ -590,6 +592,9 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         it goes to a thread."""
         assert self.state is not None
         func_id, payload = run_spec
+        func = self._loaded_functions.get(func_id)
+        if not loop_safe_function(func):  # most tasks: nothing more is looked at
+            return False
         data = self.state.data
         resolve = data.__getitem__
         spill = self._spill
@@ -598,7 +603,7 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         else:
             in_memory = lambda dts: spill.in_memory(dts.key)  # noqa: E731
         if not runs_on_loop(
-            self._loaded_functions.get(func_id),
+            func,
             payload,
             ts.dependencies,
             in_memory,

@@ -6,6 +6,7 @@ import operator
 from typing import Any
 
 import shoal
+from shoal import WorkerPlugin
 
 
 def tiny_sums_from_a_task(n: int, worker: str) -> list[int]:
@@ -29,3 +30,23 @@ def secede_then_sum(values: list[int]) -> int:
 
 def loop_task_count(dask_worker: Any) -> int:
     return dask_worker.loop_task_count
+
+
+class TransitionLog(WorkerPlugin):
+    """Keeps the worker's transitions, (start, finish) by key."""
+
+    name = "transition-log"
+
+    def setup(self, worker: Any) -> None:
+        self.log: dict[Any, list[tuple[str, str]]] = {}
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        self.log.setdefault(key, []).append((start, finish))
+
+
+def transitions_of(dask_worker: Any) -> dict[Any, list[tuple[str, str]]]:
+    return dask_worker.plugins.registry.plugins[TransitionLog.name].log
+
+
+def add_transition_log(dask_worker: Any) -> None:
+    dask_worker.add_plugin(TransitionLog())

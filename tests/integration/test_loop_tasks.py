@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 from loop_task_funcs import (
+    add_transition_log,
     loop_task_count,
     secede_then_sum,
     tiny_sum_after_get_client,
     tiny_sums_from_a_task,
+    transitions_of,
 )
 from recording_scheduler import on_a_loop_thread
 from subprocess_env import child_env
@@ -132,3 +134,26 @@ def test_a_long_task_after_many_tiny_ones_leaves_the_loop_free(
     assert time.monotonic() - start < 2.0
     assert not sleeping.done()
     assert sleeping.result(timeout=30) is None
+
+
+def test_plugins_see_the_same_transitions_on_the_loop(loop_and_threads: Client) -> None:
+    client = loop_and_threads
+    for worker in ("loop", "threads"):  # functions loaded
+        client.submit(sum, [0], workers=worker, pure=False).result(timeout=30)
+        client.submit(operator.truediv, 1, 1, workers=worker, pure=False).result(timeout=30)
+    client.run(add_transition_log)  # (as a --preload would: the scheduler has no token)
+    before = counts(client)["loop"]
+    held = []  # (the futures are held until the transitions are compared)
+    for worker in ("loop", "threads"):
+        good = client.submit(sum, [1, 2], workers=worker, key=f"good-{worker}")
+        bad = client.submit(operator.truediv, 1, 0, workers=worker, key=f"bad-{worker}")
+        assert good.result(timeout=30) == 3
+        assert isinstance(bad.exception(timeout=30), ZeroDivisionError)
+        held += [good, bad]
+    assert counts(client)["loop"] == before + 2
+    names = {address: w["name"] for address, w in client.scheduler_info()["workers"].items()}
+    seen = {names[a]: t for a, t in client.run(transitions_of).items()}
+    for kind in ("good", "bad"):
+        on_loop, on_thread = seen["loop"][f"{kind}-loop"], seen["threads"][f"{kind}-threads"]
+        assert on_loop == on_thread, kind
+        assert ("ready", "executing") in on_loop

@@ -99,6 +99,10 @@ class SpillBuffer(MutableMapping[Key, Any]):
     def __len__(self) -> int:
         return len(self._fast) + len(self._slow)
 
+    def in_memory(self, key: Key) -> bool:
+        """Whether ``key``'s value is in memory (reading it touches no disk)."""
+        return key in self._fast
+
     def __iter__(self) -> Iterator[Key]:
         with self._lock:
             keys = [*self._fast, *self._slow]

@@ -54,12 +54,14 @@ from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import check_resources
 from shoal.protocol.serialize import (
     FunctionCache,
+    loads_task_args,
 )
 from shoal.server.actors import ActorServer
 from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads
 from shoal.server.lifetime import Lifetime, check_budget, end_of_life, refuse
 from shoal.server.loop_latency import LoopLatency
+from shoal.server.loop_tasks import loop_safe_function, runs_on_loop, tiny_tasks_on_loop_enabled
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
@@ -192,6 +194,12 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         self._deferred: dict[Any, m.ComputeTask] = {}
         self.plugins = WorkerPlugins(self)  # shoal/plugins/worker.py
         self._output: OutputCollector | None = None  # task output (shoal/server/output.py)
+        # Tiny tasks run on the loop (shoal/server/loop_tasks.py): their results, fed to
+        # the state machine once the instructions that started them are carried out.
+        self.tiny_tasks_on_loop = tiny_tasks_on_loop_enabled()
+        self.loop_task_count = 0  # tasks run on the loop so far
+        self._loop_results: list[Any] = []
+        self._feeding_loop_results = False
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -517,6 +525,26 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
             self._resume_deferred()
         if self.plugins.watching:
             self.plugins.flush_transitions()
+        if self._loop_results and not self._feeding_loop_results:
+            self._feed_loop_results()
+
+    def _feed_loop_results(self) -> None:
+        """The results of tasks run on the loop, into the state machine (as a thread's
+        would come, after the instructions that started them); their dependents run on
+        the loop in turn are fed by this same loop, not by recursion."""
+        self._feeding_loop_results = True
+        try:
+            while self._loop_results:
+                events, self._loop_results = self._loop_results, []
+                if self._closed.is_set():
+                    continue
+                self._handle(events)
+                if self.lifetime.budget_spent:
+                    check_budget(self)
+        finally:
+            self._feeding_loop_results = False
+        if self.scheduler is not None:  # results go now, as a thread's (_drain_results)
+            self.scheduler.flush()
 
     def _execute(self, keys: list[Any]) -> None:
         """Hand ``keys`` (best first) to the task threads. A single thread gets them as
@@ -542,16 +570,50 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 self._push_result(event)
             return
         queued = self._task_threads.queued
+        on_loop = self.tiny_tasks_on_loop
         items = []
         for key in keys:
-            run_spec = tasks[key].run_spec
+            ts = tasks[key]
+            run_spec = ts.run_spec
             assert run_spec is not None
+            if on_loop and self._run_on_loop(key, ts, run_spec):
+                continue
             items.append((key, run_spec[0], run_spec[1], queued(key)))
+        if not items:
+            return
         if self.nthreads == 1:
             self._queue.put(items)
         else:
             for item in items:
                 self._queue.put([item])
+
+    def _run_on_loop(self, key: Any, ts: Any, run_spec: tuple[str, m.Payload]) -> bool:
+        """Run ``key`` here and now if it is tiny (shoal/server/loop_tasks.py); False:
+        it goes to a thread."""
+        assert self.state is not None
+        func_id, payload = run_spec
+        func = self._loaded_functions.get(func_id)
+        if not loop_safe_function(func):  # most tasks: nothing more is looked at
+            return False
+        data = self.state.data
+        resolve = data.__getitem__
+        spill = self._spill
+        if spill is None:
+            in_memory = lambda dts: dts.key in data  # noqa: E731
+        else:
+            in_memory = lambda dts: spill.in_memory(dts.key)  # noqa: E731
+        if not runs_on_loop(
+            func,
+            payload,
+            ts.dependencies,
+            in_memory,
+            lambda: loads_task_args(payload, resolve, self._function),
+        ):
+            return False
+        self.loop_task_count += 1
+        # The very method a task thread runs: the same result, error, traceback and times.
+        self._loop_results.append(self._run_one(key, func_id, payload, resolve, []))
+        return True
 
     # ---------------------------------------------------------------- interrupting tasks
 

@@ -49,16 +49,20 @@ def test_pops_in_the_order_of_one_heap(ops: list[int | None]) -> None:
     assert drained == sorted(t.rank for t in heap)
 
 
-def test_in_order_pushes_stay_out_of_the_heap_and_others_go_into_it() -> None:
-    tasks = _tasks(6)
+def test_pushes_in_order_or_reverse_order_stay_out_of_the_heap() -> None:
+    tasks = _tasks(8)
     queue = RankQueue()
-    for ts in tasks[2:]:
+    for ts in tasks[4:6]:  # a graph's roots arrive in rank order...
         queue.push(ts)
-    assert not queue._heap  # a graph's roots arrive in rank order: no heap at all
-    queue.push(tasks[0])  # ranks before the run's last (a higher user priority)
-    queue.push(tasks[1])
-    assert len(queue._heap) == 2
-    assert [queue.pop().key for _ in range(6)] == [f"t-{i}" for i in range(6)]
+    for ts in reversed(tasks[1:4]):  # ...or in reverse (recommendations popped)
+        queue.push(ts)
+    assert not queue._heap
+    queue.push(tasks[7])
+    queue.push(tasks[0])
+    assert not queue._heap
+    queue.push(tasks[6])  # inside the run's range: the heap
+    assert len(queue._heap) == 1
+    assert [queue.pop().key for _ in range(8)] == [f"t-{i}" for i in range(8)]
     queue.push(tasks[3])
     queue.clear()
     assert not queue and list(queue) == []

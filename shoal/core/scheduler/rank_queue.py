@@ -1,11 +1,12 @@
 """The root-task queue: queued tasks in rank order, popped smallest rank first.
 
-A graph's root tasks are queued in the order of their ranks (a submission's tasks
-arrive in order, and a later submission ranks after an earlier one), so almost every
-push lands after the last one. Those go to a deque, a run already sorted: a push and a
-pop cost O(1) with no comparison of tasks. A push that does not follow the run's last
-rank (a higher user priority, a task queued again after its worker left) goes to a
-heap ordered by ``TaskState.__lt__``; a pop takes the smaller of the two heads. The
+A graph's root tasks are queued in rank order or in its reverse (a submission starts
+its tasks by popping recommendations, last first; a later submission ranks after an
+earlier one), so almost every push lands after the last entry or before the first.
+Those go to a deque, a run kept sorted: a push and a pop cost O(1) with no comparison
+of tasks. A push that falls inside the run's range (a higher user priority, a task
+queued again after its worker left) goes to a heap ordered by ``TaskState.__lt__``; a
+pop takes the smaller of the two heads. The
 order is the one a single heap gives; the memory is the same, one pointer per entry
 (``(rank, task)`` tuples in a heap would cost 56 bytes more per queued task, and a heap
 of tasks ~20 Python ``__lt__`` calls per pop at 750k queued roots).
@@ -38,6 +39,8 @@ class RankQueue:
         run = self._run
         if not run or run[-1].rank < ts.rank:
             run.append(ts)
+        elif ts.rank < run[0].rank:
+            run.appendleft(ts)
         else:
             heapq.heappush(self._heap, ts)
 

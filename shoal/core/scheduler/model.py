@@ -285,6 +285,7 @@ def discarded(members: Members[_T], x: _T) -> Members[_T]:
         return members
     if len(members) == 1:
         return ()
+    assert type(members) is tuple
     i = members.index(x)  # (members are distinct, compared by identity)
     return members[:i] + members[i + 1 :]
 

@@ -285,7 +285,9 @@ def discarded(members: Members[_T], x: _T) -> Members[_T]:
         return members
     if len(members) == 1:
         return ()
-    return tuple([y for y in members if y is not x])
+    assert type(members) is tuple
+    i = members.index(x)  # (members are distinct, compared by identity)
+    return members[:i] + members[i + 1 :]
 
 
 class _FailureField(Generic[_T]):

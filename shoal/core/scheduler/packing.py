@@ -44,7 +44,7 @@ from shoal.core.scheduler.placement import BANDWIDTH
 # between workers plus the round trip through the scheduler that placing it ahead
 # would have saved (loopback, Python processes: ~1-2 ms measured).
 TRANSFER_LATENCY = 0.002
-NEAR = 8  # dependents looked at per task and level when relating two tasks
+NEAR = 8  # dependents looked at per task and level when relating two tasks (>= 1)
 
 
 class Packing:
@@ -103,6 +103,14 @@ def related(ts: TaskState, other: TaskState) -> bool:
     """``ts`` and ``other`` feed one task: a dependent of both, or of a dependent of
     each (the two levels of a tree reduction: siblings and cousins). Only the first
     few dependents at each level are looked at, so a task of wide fan-out costs little."""
+    # Siblings of a reduction tree share their first dependent: no sets to build
+    # (NEAR >= 1, so each one's first dependent is in its near set).
+    if (
+        ts.dependents
+        and other.dependents
+        and next(iter(ts.dependents)) is next(iter(other.dependents))
+    ):
+        return True
     mine = _near_dependents(ts)
     return not mine.isdisjoint(_near_dependents(other))
 

@@ -49,6 +49,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord, min_slots
+from shoal.core.scheduler.rank_queue import RankQueue
 from shoal.core.story import StoryLog
 from shoal.protocol.messages import Key, TaskRestrictions
 
@@ -145,9 +146,8 @@ class Placement:
         ) -> dict[TaskState, str]: ...
 
     def _init_placement(self) -> None:
-        # Root tasks, a heap by rank (TaskState.__lt__), lazily pruned: the tasks
-        # themselves, not (rank, task) entries, which cost 64 bytes per queued task.
-        self.queue: list[TaskState] = []
+        # Root tasks by rank, lazily pruned (core/scheduler/rank_queue.py).
+        self.queue = RankQueue()
         self.nqueued = 0  # tasks in that queue (restricted ones wait in their Restrictions)
         self.free_workers: set[WorkerRecord] = set()  # workers that may take queued tasks
         # Workers that may be given new tasks: not paused, not retiring. The indexes
@@ -350,7 +350,7 @@ class Placement:
         follow: WorkerRecord | None = None  # free, where ``last`` went
         last: TaskState | None = None
         while queue and (free or follow is not None):
-            ts = heapq.heappop(queue)
+            ts = queue.pop()
             if ts.state != "queued":
                 continue  # released while queued: a stale entry
             ws = None
@@ -386,7 +386,7 @@ class Placement:
         shortest_unfit = float("inf")
         aside: list[TaskState] = []
         while queue and free and len(aside) < MAX_SET_ASIDE:
-            ts = heapq.heappop(queue)
+            ts = queue.pop()
             if ts.state != "queued" or ts in parked:
                 continue  # stale, or waiting for a worker with time (re-queued then)
             duration = self.expected_duration(ts)
@@ -412,7 +412,7 @@ class Placement:
             if self._is_free(ws):
                 heapq.heappush(free, (len(ws.processing) / ws.nthreads, ws.address, ws))
         for ts in aside:
-            heapq.heappush(queue, ts)
+            queue.push(ts)
 
     # ------------------------------------------------------------------ restrictions
 
@@ -451,7 +451,7 @@ class Placement:
         """``ts`` enters state "queued": the root-task queue, or its restrictions' own."""
         r = ts.restrictions
         if r is None:
-            heapq.heappush(self.queue, ts)
+            self.queue.push(ts)
             self.nqueued += 1
             return
         queue = r.queue
@@ -521,9 +521,12 @@ class Placement:
     def _root_top(self) -> TaskState | None:
         """The best task of the root-task queue, dropping stale entries on the way."""
         queue, parked = self.queue, self.parked
-        while queue and (queue[0].state != "queued" or (parked and queue[0] in parked)):
-            heapq.heappop(queue)
-        return queue[0] if queue else None
+        while queue:
+            ts = queue.peek()
+            if ts.state == "queued" and not (parked and ts in parked):
+                return ts
+            queue.pop()
+        return None
 
 
 def _live_top(r: Restrictions, parked: dict[TaskState, None]) -> TaskState | None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.model import UNKNOWN_DURATION, ClientRecord, TaskState, WorkerRecord
 from shoal.core.scheduler.placement import Restrictions
+from shoal.core.scheduler.rank_queue import RankQueue
 from shoal.protocol import messages as m
 
 SCHEDULING_TOPIC = "scheduling"
@@ -45,7 +46,7 @@ class Walltime:
 
     runnable: dict[str, WorkerRecord]
     clients: dict[str, ClientRecord]
-    queue: list[TaskState]
+    queue: RankQueue
     restricted: dict[Restrictions, None]
     wall_time: float
     _retry_restricted: bool
@@ -269,7 +270,7 @@ class Walltime:
                 continue
             self._unpark_one(ts)
             if r is None:
-                heapq.heappush(self.queue, ts)
+                self.queue.push(ts)
             else:
                 heapq.heappush(r.queue, ts)
                 self._retry_restricted = True

@@ -268,3 +268,63 @@ def test_roots_carrying_large_arguments_are_spread():
     )
     assert where(sim, roots_of(dag)) == {W1: 8, W2: 8}
     assert sim.s.packed == packed
+
+
+def groups_split(sim: Sim, dag: dict[str, list[str]]) -> list[str]:
+    """The partials whose roots were placed on more than one worker (each such partial
+    fetches an input: a transfer and a round trip on a small tree's critical path)."""
+    return [
+        k
+        for k, deps in dag.items()
+        if deps and k.startswith("partial") and len({sim.worker_of(d) for d in deps}) > 1
+    ]
+
+
+def measured_tree(duration: float, roots: int, fan_in: int) -> Sim:
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit(tree(0, roots=roots, fan_in=fan_in), wanted=["aggregate-0"])
+    run(sim, duration)
+    sim.release("aggregate-0")
+    sim.clear()
+    return sim
+
+
+def test_tiny_roots_switch_workers_between_groups_of_siblings_not_inside_one():
+    """``tall.T @ tall``'s shape: 10 roots of ~0.4 ms, partials of 4, 4 and 2, one
+    aggregate. Both workers take work, but each partial's inputs are all on one
+    worker: the partials wait there ahead, and only the aggregate fetches."""
+    d = 0.0004
+    sim = measured_tree(d, roots=10, fan_in=4)
+    dag = tree(1, roots=10, fan_in=4)
+    dag["partial-1-2"] = ["root-1-8", "root-1-9"]  # (the fan_in-wide tree drops these)
+    dag["aggregate-1"].append("partial-1-2")
+    sim.submit(dag, wanted=["aggregate-1"])
+    counts = where(sim, roots_of(dag))
+    assert sum(counts.values()) == 10 and set(counts) == {W1, W2}
+    assert groups_split(sim, dag) == []
+    assert all(sim.state(f"partial-1-{p}") == "processing" for p in range(3))  # ahead
+    run(sim, d)
+    assert sim.state("aggregate-1") == "memory"
+
+
+def test_a_group_of_siblings_switches_workers_at_its_boundary():
+    """16 roots of 0.3 ms in groups of 4: two groups on each worker, none split, the
+    work even."""
+    d = 0.0003
+    sim = measured(d)
+    dag = tree(1)
+    sim.submit(dag, wanted=["aggregate-1"])
+    assert where(sim, roots_of(dag)) == {W1: 8, W2: 8}
+    assert groups_split(sim, dag) == []
+
+
+def test_a_group_whose_work_exceeds_the_latency_is_still_spread():
+    """One partial of 16 roots of 0.3 ms (4.8 ms, above the latency): it is split over
+    both workers as before, the imbalance bounded by the latency."""
+    d = 0.0003
+    sim = measured_tree(d, roots=16, fan_in=16)
+    dag = tree(1, roots=16, fan_in=16)
+    sim.submit(dag, wanted=["aggregate-1"])
+    counts = where(sim, roots_of(dag))
+    assert counts[W1] + counts[W2] == 16 and counts[W1] > 4 and counts[W2] > 4
+    assert abs(counts[W1] - counts[W2]) * d <= TRANSFER_LATENCY + d

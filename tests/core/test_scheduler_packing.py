@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim
 
+from shoal.core.scheduler.ahead import AHEAD_PER_THREAD, TINY_AHEAD_PER_THREAD
 from shoal.core.scheduler.packing import TRANSFER_LATENCY, related
 from shoal.protocol.messages import Payload, SubmitTasks, TaskRestrictions, TaskSpec, WorkerStatus
 
@@ -96,9 +97,9 @@ def test_the_roots_of_a_small_tree_of_tiny_tasks_go_to_one_worker():
     dag = tree(1)
     sim.submit(dag, wanted=["aggregate-1"])
     assert where(sim, roots_of(dag)) == {W1: 16}
-    # every partial sum has its inputs on W1: the first ones wait there ahead
-    assert all(sim.state(f"partial-1-{p}") == "processing" for p in range(2))
-    assert sim.ws(W1).ahead == {sim.ts("partial-1-0"), sim.ts("partial-1-1")}
+    # every partial sum has its inputs on W1: all four wait there ahead (their
+    # measured work is far under the latency: more than AHEAD_PER_THREAD may)
+    assert sim.ws(W1).ahead == {sim.ts(f"partial-1-{p}") for p in range(4)}
     run(sim, TINY)
     assert sim.state("aggregate-1") == "memory"
     # nothing was placed on W2: no result of the tree had to move between workers
@@ -328,3 +329,27 @@ def test_a_group_whose_work_exceeds_the_latency_is_still_spread():
     counts = where(sim, roots_of(dag))
     assert counts[W1] + counts[W2] == 16 and counts[W1] > 4 and counts[W2] > 4
     assert abs(counts[W1] - counts[W2]) * d <= TRANSFER_LATENCY + d
+
+
+def test_tasks_ahead_beyond_two_per_thread_only_while_their_work_is_tiny():
+    """0.8 ms partials: two fill most of the latency, so no third waits ahead; tiny
+    ones: at most TINY_AHEAD_PER_THREAD of a wide fan-out."""
+    sim = measured(0.0008, workers={W1: 1})
+    sim.submit(tree(1), wanted=["aggregate-1"])
+    assert len(sim.ws(W1).ahead) == AHEAD_PER_THREAD
+    run(sim, 0.0008)
+    assert sim.state("aggregate-1") == "memory"
+
+    sim = measured(TINY, workers={W1: 1})
+    sim.submit({"root-1-0": [], **{f"partial-1-{i}": ["root-1-0"] for i in range(40)}})
+    assert len(sim.ws(W1).ahead) == TINY_AHEAD_PER_THREAD
+    assert sum(sim.state(f"partial-1-{i}") == "waiting" for i in range(40)) == 40 - 16
+    run(sim, TINY)
+    assert all(sim.state(f"partial-1-{i}") == "memory" for i in range(40))
+
+
+def test_without_the_latency_two_per_thread_wait_ahead():
+    sim = measured(TINY, latency=0.0)
+    sim.submit(tree(1), wanted=["aggregate-1"])
+    assert sum(len(sim.ws(w).ahead) for w in (W1, W2)) <= 2 * AHEAD_PER_THREAD
+    assert all(len(sim.ws(w).ahead) <= AHEAD_PER_THREAD for w in (W1, W2))

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from scheduler_harness import ARGS, FUNCS, W1, W2, W3, Sim
 
+from shoal.core.scheduler.ahead import AHEAD_PER_THREAD, TINY_AHEAD_PER_THREAD
 from shoal.core.scheduler.packing import TRANSFER_LATENCY, related
 from shoal.protocol.messages import Payload, SubmitTasks, TaskRestrictions, TaskSpec, WorkerStatus
 
@@ -96,9 +97,9 @@ def test_the_roots_of_a_small_tree_of_tiny_tasks_go_to_one_worker():
     dag = tree(1)
     sim.submit(dag, wanted=["aggregate-1"])
     assert where(sim, roots_of(dag)) == {W1: 16}
-    # every partial sum has its inputs on W1: the first ones wait there ahead
-    assert all(sim.state(f"partial-1-{p}") == "processing" for p in range(2))
-    assert sim.ws(W1).ahead == {sim.ts("partial-1-0"), sim.ts("partial-1-1")}
+    # every partial sum has its inputs on W1: all four wait there ahead (their
+    # measured work is far under the latency: more than AHEAD_PER_THREAD may)
+    assert sim.ws(W1).ahead == {sim.ts(f"partial-1-{p}") for p in range(4)}
     run(sim, TINY)
     assert sim.state("aggregate-1") == "memory"
     # nothing was placed on W2: no result of the tree had to move between workers
@@ -268,3 +269,87 @@ def test_roots_carrying_large_arguments_are_spread():
     )
     assert where(sim, roots_of(dag)) == {W1: 8, W2: 8}
     assert sim.s.packed == packed
+
+
+def groups_split(sim: Sim, dag: dict[str, list[str]]) -> list[str]:
+    """The partials whose roots were placed on more than one worker (each such partial
+    fetches an input: a transfer and a round trip on a small tree's critical path)."""
+    return [
+        k
+        for k, deps in dag.items()
+        if deps and k.startswith("partial") and len({sim.worker_of(d) for d in deps}) > 1
+    ]
+
+
+def measured_tree(duration: float, roots: int, fan_in: int) -> Sim:
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit(tree(0, roots=roots, fan_in=fan_in), wanted=["aggregate-0"])
+    run(sim, duration)
+    sim.release("aggregate-0")
+    sim.clear()
+    return sim
+
+
+def test_tiny_roots_switch_workers_between_groups_of_siblings_not_inside_one():
+    """``tall.T @ tall``'s shape: 10 roots of ~0.4 ms, partials of 4, 4 and 2, one
+    aggregate. Both workers take work, but each partial's inputs are all on one
+    worker: the partials wait there ahead, and only the aggregate fetches."""
+    d = 0.0004
+    sim = measured_tree(d, roots=10, fan_in=4)
+    dag = tree(1, roots=10, fan_in=4)
+    dag["partial-1-2"] = ["root-1-8", "root-1-9"]  # (the fan_in-wide tree drops these)
+    dag["aggregate-1"].append("partial-1-2")
+    sim.submit(dag, wanted=["aggregate-1"])
+    counts = where(sim, roots_of(dag))
+    assert sum(counts.values()) == 10 and set(counts) == {W1, W2}
+    assert groups_split(sim, dag) == []
+    assert all(sim.state(f"partial-1-{p}") == "processing" for p in range(3))  # ahead
+    run(sim, d)
+    assert sim.state("aggregate-1") == "memory"
+
+
+def test_a_group_of_siblings_switches_workers_at_its_boundary():
+    """16 roots of 0.3 ms in groups of 4: two groups on each worker, none split, the
+    work even."""
+    d = 0.0003
+    sim = measured(d)
+    dag = tree(1)
+    sim.submit(dag, wanted=["aggregate-1"])
+    assert where(sim, roots_of(dag)) == {W1: 8, W2: 8}
+    assert groups_split(sim, dag) == []
+
+
+def test_a_group_whose_work_exceeds_the_latency_is_still_spread():
+    """One partial of 16 roots of 0.3 ms (4.8 ms, above the latency): it is split over
+    both workers as before, the imbalance bounded by the latency."""
+    d = 0.0003
+    sim = measured_tree(d, roots=16, fan_in=16)
+    dag = tree(1, roots=16, fan_in=16)
+    sim.submit(dag, wanted=["aggregate-1"])
+    counts = where(sim, roots_of(dag))
+    assert counts[W1] + counts[W2] == 16 and counts[W1] > 4 and counts[W2] > 4
+    assert abs(counts[W1] - counts[W2]) * d <= TRANSFER_LATENCY + d
+
+
+def test_tasks_ahead_beyond_two_per_thread_only_while_their_work_is_tiny():
+    """0.8 ms partials: two fill most of the latency, so no third waits ahead; tiny
+    ones: at most TINY_AHEAD_PER_THREAD of a wide fan-out."""
+    sim = measured(0.0008, workers={W1: 1})
+    sim.submit(tree(1), wanted=["aggregate-1"])
+    assert len(sim.ws(W1).ahead) == AHEAD_PER_THREAD
+    run(sim, 0.0008)
+    assert sim.state("aggregate-1") == "memory"
+
+    sim = measured(TINY, workers={W1: 1})
+    sim.submit({"root-1-0": [], **{f"partial-1-{i}": ["root-1-0"] for i in range(40)}})
+    assert len(sim.ws(W1).ahead) == TINY_AHEAD_PER_THREAD
+    assert sum(sim.state(f"partial-1-{i}") == "waiting" for i in range(40)) == 40 - 16
+    run(sim, TINY)
+    assert all(sim.state(f"partial-1-{i}") == "memory" for i in range(40))
+
+
+def test_without_the_latency_two_per_thread_wait_ahead():
+    sim = measured(TINY, latency=0.0)
+    sim.submit(tree(1), wanted=["aggregate-1"])
+    assert sum(len(sim.ws(w).ahead) for w in (W1, W2)) <= 2 * AHEAD_PER_THREAD
+    assert all(len(sim.ws(w).ahead) <= AHEAD_PER_THREAD for w in (W1, W2))

@@ -80,8 +80,8 @@ VALUES: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
     ("frame", small_frame, ()),
     ("tuple", tuple, ([1, "a", None],)),
     ("str 5000", str.__mul__, ("y", 5000)),
-    ("bytes 63 KiB", sized_bytes, (63 * KIB,)),
-    ("bytes 65 KiB", sized_bytes, (65 * KIB,)),
+    ("bytes 255 KiB", sized_bytes, (255 * KIB,)),
+    ("bytes 257 KiB", sized_bytes, (257 * KIB,)),
 ]
 
 
@@ -113,11 +113,11 @@ def test_every_type_comes_back_exactly(two_workers: Any) -> None:
             want = expected(func, args)
             assert_same(got, want)
             assert_same(f.result(), want)
-        # what came inline and what did not: 64 KiB (the default) is the line
+        # what came inline and what did not: 256 KiB (the default) is the line
         inline = {msg.key: msg.value for msg in s.finished}
         by_name = {name: inline[f.key] for (name, _, _), f in zip(VALUES, futures)}
-        assert by_name["bytes 65 KiB"] is None
-        assert all(v is not None for k, v in by_name.items() if k != "bytes 65 KiB")
+        assert by_name["bytes 257 KiB"] is None
+        assert all(v is not None for k, v in by_name.items() if k != "bytes 257 KiB")
 
 
 def test_a_task_error_is_raised_as_before(two_workers: Any) -> None:
@@ -157,8 +157,8 @@ def test_a_small_compute_asks_no_whohas(two_workers: Any) -> None:
         assert total.result() == 45
         assert s.count("WhoHasRequest") == 0
         # a value too large to inline is fetched from the holder the notice names
-        big = client.submit(sized_bytes, 65 * KIB)
-        assert big.result() == b"x" * (65 * KIB)
+        big = client.submit(sized_bytes, 257 * KIB)
+        assert big.result() == b"x" * (257 * KIB)
         assert s.count("WhoHasRequest") == 0
         assert s.count("SubmitTasks") >= 4
 
@@ -226,8 +226,8 @@ def test_results_through_the_asynchronous_client(two_workers: Any) -> None:
         async with Client(s.address, asynchronous=True, timeout=30) as client:
             f = client.submit(pd.Series, [1, 2])
             assert (await f).tolist() == [1, 2]
-            big = client.submit(sized_bytes, 65 * KIB)
-            assert await client.gather(big) == b"x" * (65 * KIB)
+            big = client.submit(sized_bytes, 257 * KIB)
+            assert await client.gather(big) == b"x" * (257 * KIB)
             assert (await client.gather([f]))[0] is not (await f)
 
     asyncio.run(main())

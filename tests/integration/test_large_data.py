@@ -221,7 +221,7 @@ def test_tls_carries_multi_mb_payloads() -> None:
 def test_a_result_the_client_cannot_load_errs_once_naming_key_and_worker(
     big_client: Client,
 ) -> None:
-    fut = big_client.submit(make_unloadable, 100_000, os.getpid())
+    fut = big_client.submit(make_unloadable, 2_000_000, os.getpid())  # fetched: above the inline limit
     shoal.wait([fut], timeout=30)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="cannot be loaded in the client") as info:

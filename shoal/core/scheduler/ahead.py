@@ -24,7 +24,9 @@ reports TaskFinished from W. Anything else that happens to a dependency takes it
 
 Bounded run-ahead, so that a large graph's frontier is not pinned to one worker: only
 one level ahead (a task waiting ahead is not itself waited on ahead), at most
-:data:`AHEAD_PER_THREAD` tasks ahead per thread of a worker, only unrestricted tasks
+:data:`AHEAD_PER_THREAD` tasks ahead per thread of a worker (up to
+:data:`TINY_AHEAD_PER_THREAD` while their measured work stays within the transfer
+latency: ``_tiny_ahead``), only unrestricted tasks
 that are neither a shuffle's nor an actor, only on a worker that takes new tasks, and
 not while workers have walltime limits.
 """
@@ -37,12 +39,18 @@ from typing import TYPE_CHECKING, Any
 from shoal.core.scheduler.model import TaskState, WorkerRecord, discarded
 
 AHEAD_PER_THREAD = 2  # tasks a worker may hold ahead, per thread
+# ... or up to this many, while their measured work is within the transfer latency
+# (core/scheduler/packing.py) per thread: a tree of tiny tasks packed on one worker
+# (16 roots, 4 partial sums) then has every partial waiting there, not half of them
+# waiting for a round trip through the scheduler.
+TINY_AHEAD_PER_THREAD = 16
 
 
 class PlaceAhead:
     """Ahead placement methods and state of :class:`SchedulerState`."""
 
     runnable: dict[str, WorkerRecord]
+    transfer_latency: float
     steals: dict[TaskState, Any]
     free_workers: set[WorkerRecord]
     nlimited: int
@@ -56,6 +64,7 @@ class PlaceAhead:
         def _add_processing(self, ts: TaskState, ws: WorkerRecord) -> None: ...
         def _send_compute(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None: ...
         def _is_free(self, ws: WorkerRecord) -> bool: ...
+        def expected_duration(self, ts: TaskState) -> float: ...
 
     def _init_ahead(self) -> None:
         self.ahead_per_thread = AHEAD_PER_THREAD  # 0: never place ahead
@@ -98,7 +107,7 @@ class PlaceAhead:
                 continue
             limit = self.ahead_per_thread * ws.nthreads
             for ts in list(dts.waiters):
-                if len(ws.ahead) >= limit:
+                if len(ws.ahead) >= limit and not self._tiny_ahead(ts, ws):
                     break
                 if ts.state == "waiting" and self._may_wait_ahead(ts, ws):
                     self._record_transition((ts.key, "waiting", "processing", stimulus_id))
@@ -107,6 +116,21 @@ class PlaceAhead:
                     self._add_processing(ts, ws)  # into ws.ahead: it waits on some
                     self._send_compute(ts, ws, stimulus_id)
                     self.placed_ahead += 1
+
+    def _tiny_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
+        """``ts`` may wait ahead on ``ws`` beyond the count limit: the work held there
+        ahead, with it, is measured and within the transfer latency per thread (so
+        pinning it to ``ws`` can delay it no more than a fetch would), and the tasks
+        ahead are at most :data:`TINY_AHEAD_PER_THREAD` per thread."""
+        latency = self.transfer_latency
+        if not latency or len(ws.ahead) >= TINY_AHEAD_PER_THREAD * ws.nthreads:
+            return False
+        budget = latency * ws.nthreads - self.expected_duration(ts)
+        for waiting in ws.ahead:
+            budget -= waiting.estimate
+            if budget < 0:
+                return False
+        return budget >= 0
 
     def _may_wait_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
         """Every dependency of ``ts`` is on ``ws``: in memory there, or processing there

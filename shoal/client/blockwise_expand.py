@@ -42,6 +42,7 @@ from typing import Any
 from shoal.client import dask_graph, reduction_expand
 from shoal.client.gc_pause import gc_paused
 from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate, Template
+from shoal.client.linear_fuse import fuse_linear_task_spec  # Dask's, on positions
 from shoal.protocol.messages import Key
 
 
@@ -114,7 +115,6 @@ def _array_optimize(
 ) -> dict[Key, Any]:
     """``dask.array.optimization.optimize`` with :func:`expand_layers` in place of
     ``ensure_dict`` (the caller has checked that low-level fusion is on)."""
-    from dask._task_spec import fuse_linear_task_spec
     from dask.array.optimization import _optimize_slices
     from dask.blockwise import optimize_blockwise
     from dask.core import flatten

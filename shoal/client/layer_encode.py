@@ -44,6 +44,7 @@ from shoal.protocol.serialize import (
 
 MIN_BLOCKS = 256  # a smaller layer takes the generic encoder
 MAX_TEMPLATE_BYTES = 64 * 1024  # as templates.py: larger templates are not made
+MAX_CACHED_VALUES = 4096  # distinct per-block values whose encoding a graph keeps
 
 
 class LayerTemplate:
@@ -125,6 +126,8 @@ class LayerEncoder:
         self._alias: Any = Alias
         self._identity_cast: Any = _identity_cast
         self.encoded = 0  # tasks encoded here (tests and benchmarks read it)
+        # (layer, values) -> payload data, for values of ints and strings (_exact_key)
+        self._data: dict[tuple[str, tuple], bytes] = {}
 
     def encode(self, name: str, node: Any) -> tuple[str, TaskArgs] | None:
         """``(function id, arguments)`` of ``node`` (a task of layer ``name``), or None:
@@ -170,30 +173,51 @@ class LayerEncoder:
         if len(kwargs) != 1 or kwargs.get("typ") is not list:
             return None
         alias = self._alias
-        dep = self._dep
         keys = []
         for a in inner.args:
             if type(a) is not alias:
                 return None
-            keys.append(dep(a.target))
-        return self._payload(name, layer, [tuple(keys)])
+            keys.append(a.target)
+        made = self._template(name, layer)
+        if made is None:
+            return None
+        try:  # what _payload makes of [tuple(Dep(key) for key in keys)], at once
+            slot_bytes = plain_codec.dumps_key_tuple(keys)
+        except plain_codec.NotPlain:
+            return None
+        self.encoded += 1
+        data = template_payload(made.template_id, slot_bytes)
+        return made.fid, TaskArgs(Payload(TEMPLATE, data), [*made.deps, *keys], made.funcs)
+
+    def _template(self, name: str, layer: Template) -> _Encoded | None:
+        if name in self._made:
+            return self._made[name]
+        made = self._made[name] = self._make(layer)
+        return made
 
     def _payload(
         self, name: str, layer: Template, values: list[Any]
     ) -> tuple[str, TaskArgs] | None:
-        if name in self._made:
-            made = self._made[name]
-        else:
-            made = self._made[name] = self._make(layer)
+        made = self._template(name, layer)
         if made is None:
             return None
         deps = list(made.deps)
+        # Blocks often share their values (every chunk of ``ones`` has the same shape):
+        # values of ints and strings (exactly: no 1.0 or True for 1) are encoded once.
+        cache_key = _exact_key(values)
+        if cache_key is not None:
+            cached = self._data.get((name, cache_key))
+            if cached is not None:
+                self.encoded += 1
+                return made.fid, TaskArgs(Payload(TEMPLATE, cached), deps, made.funcs)
         try:
             slot_bytes = plain_codec.dumps(values, self.ref_types, deps)
         except plain_codec.NotPlain:
             return None
         self.encoded += 1
         data = template_payload(made.template_id, slot_bytes)
+        if cache_key is not None and len(self._data) < MAX_CACHED_VALUES:
+            self._data[(name, cache_key)] = data
         return made.fid, TaskArgs(Payload(TEMPLATE, data), deps, made.funcs)
 
     def _value(self, node: Any) -> Any:
@@ -251,6 +275,22 @@ def _is_partial(func: Any) -> bool:
     import functools
 
     return isinstance(func, functools.partial)
+
+
+def _exact_key(values: list[Any]) -> tuple | None:
+    """``values`` as a dict key whose equality is the values' identity as encoded:
+    only ints, strings and tuples of them (``1 == 1.0 == True`` would otherwise share
+    an entry); None for other values."""
+    for v in values:
+        t = type(v)
+        if t is tuple:
+            for x in v:
+                tx = type(x)
+                if tx is not int and tx is not str:
+                    return None
+        elif t is not int and t is not str:
+            return None
+    return tuple(values)
 
 
 _NOT_PLAIN = object()  # a per-block value this module does not encode

@@ -44,7 +44,8 @@ def convert_legacy_graph(
     )
 
     if all_keys is None:
-        all_keys = set(dsk)
+        # a dict answers ``in`` as the set of its keys would: not built again
+        all_keys = dsk if type(dsk) is dict else set(dsk)
     new_dsk: dict[Key, Any] = {}
     counts: dict[str, list[Any]] = {}  # name -> [count, function]
     for k, arg in dsk.items():

@@ -155,6 +155,14 @@ def dumps(obj: Any, ref_types: dict[type, Callable[[Any], Key]], deps: list[Key]
     return _encode(to_msgpack(obj, ref_types, deps))
 
 
+def dumps_key_tuple(keys: list[Key]) -> bytes:
+    """``dumps([tuple(refs)])`` of references to ``keys`` (a reduction task's one value:
+    the tuple of its inputs), without building the references; raises
+    :class:`NotPlain`."""
+    key_ext = [msgspec.msgpack.Ext(KEY_EXT, _encoder.encode(key)) for key in keys]
+    return _encode([msgspec.msgpack.Ext(TUPLE_EXT, _encode(key_ext))])
+
+
 def loads(data: bytes | memoryview, resolve_key: Callable[[Key], Any] | None) -> Any:
     """The value :func:`dumps` encoded, references given by ``resolve_key``."""
 

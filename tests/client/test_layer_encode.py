@@ -256,3 +256,35 @@ def test_reduction_tasks_take_the_layer_path() -> None:
     # with its input into a new task (under the key of the level above, kept by an Alias)
     assert len(in_layers) == 400 + 100 + 25 + 7 + 2 - 2
     assert assert_encoded_alike(dsk, layers) == len(in_layers)
+
+
+def test_equal_values_of_other_types_are_not_taken_from_the_encoded_values_cache() -> None:
+    """Blocks' values are encoded once per distinct value (``1`` for every block of a
+    layer): ``True``, ``1.0`` and ``(1,)`` compare equal to ``1`` (or to ``(1,)``) yet
+    must decode as what each block holds."""
+    dsk, layers = materialised(da.ones((40,), chunks=4) + 3)
+    key, task = _layer_task(dsk, layers)
+    slot = layers[key[0]].arg_slots[0]
+    values = [1, True, 1.0, 1, (1,), (True,), (1.0,), (1,), "1", ("1", 2), ("1", 2.0), 1]
+    graph = {}
+    for i, value in enumerate(values):
+        args = list(task.args)
+        args[slot] = DataNode(None, value)
+        block = (key[0], 1000 + i)
+        graph[block] = Task(block, task.func, *args)
+    assert assert_encoded_alike(graph, layers) == len(values)
+    specs, functions, _ = encode(graph, layers)
+    got = decoded(specs, functions)
+    for i, value in enumerate(values):
+        assert_same(got[(key[0], 1000 + i)][1][0][slot], value)
+
+
+def test_a_reduction_tasks_keys_encode_as_the_generic_codec_encodes_them() -> None:
+    from shoal.client.dask_graph import Dep
+    from shoal.protocol import plain_codec
+
+    keys: list[Any] = [("a", 0), "b", ("c", 1, 2), ("a", 0)]
+    deps: list[Any] = []
+    generic = plain_codec.dumps([tuple(Dep(k) for k in keys)], {Dep: lambda d: d.key}, deps)
+    assert plain_codec.dumps_key_tuple(keys) == generic
+    assert deps == keys

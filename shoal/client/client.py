@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -68,6 +69,12 @@ T = TypeVar("T")
 # Inline results a client holds at most, in all (each at most the workers' limit,
 # shoal.worker.inline-results-bytes); past this, results are fetched when gathered.
 INLINE_HELD_MAX = 256 * 2**20
+# Written from the calling thread (Client._send) at most: a submission of this many
+# tasks, a release of this many keys; and a release this soon (s) after the last one
+# written so is taken for a burst, merged by the loop instead.
+DIRECT_SUBMIT_TASKS = 32
+DIRECT_RELEASE_KEYS = 64
+RELEASE_BURST_GAP = 0.0005
 # Clients of this process that may be connected: closed at exit before the clusters
 # (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -170,6 +177,7 @@ class Client(
         self._submit_lock = threading.Lock()
         self._submits = itertools.count(1)
         self._wakeup_scheduled = False
+        self._last_direct_release = 0.0  # perf_counter of the last release written directly
         self._worker_conns = ConnectionPool(
             lambda: m.Hello(m.PROTOCOL_VERSION, "client", name=self.id), timeout
         )
@@ -247,6 +255,8 @@ class Client(
         self.dashboard_port = welcome.dashboard_port  # 0: the scheduler serves no dashboard
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
+        if not self._asynchronous:
+            self._conn.enable_direct_writes()  # for the calling threads (_send)
         if not self.forward_output:
             self._conn.send(m.ForwardOutput(False))
         self._heartbeats = asyncio.ensure_future(
@@ -364,39 +374,56 @@ class Client(
             loop.call_soon_threadsafe(fn)
 
     def _send(self, msg: m.Message) -> None:
-        """Queue a message for the scheduler from any thread, keeping order."""
+        """Queue a message for the scheduler from any thread, keeping order. From a
+        thread other than the loop's, a small submission or release is written on the
+        connection at once when nothing waits before it (no loop wake-up)."""
+        runner = self._runner
+        direct = runner is not None and _may_write_direct(msg) and not runner.in_loop_thread()
         with self._outbox_lock:
+            if direct and not self._outbox and not self._wakeup_scheduled:
+                if type(msg) is m.ReleaseKeys:
+                    # A burst of releases (a list of futures dropped) goes as one message
+                    # through the loop, not as a write per key.
+                    now = time.perf_counter()
+                    direct = now - self._last_direct_release > RELEASE_BURST_GAP
+                    self._last_direct_release = now
+                    msg = m.ReleaseKeys(msg.keys, stimulus_id=f"release-{self.id}")
+                conn = self._conn
+                if direct and conn is not None and conn.write_direct([msg]):
+                    return
             self._outbox.append(msg)
             if self._wakeup_scheduled:
                 return
             self._wakeup_scheduled = True
         loop = self._loop
         assert loop is not None
-        if self._runner is None or self._runner.in_loop_thread():
+        if runner is None or runner.in_loop_thread():
             loop.call_soon(self._flush_outbox)
         else:
             loop.call_soon_threadsafe(self._flush_outbox)
 
     def _flush_outbox(self) -> None:
+        # Under the lock until written: a direct write (_send) must not overtake the
+        # messages taken from the outbox.
         with self._outbox_lock:
             self._wakeup_scheduled = False
             msgs = list(self._outbox)
             self._outbox.clear()
-        conn = self._conn
-        if conn is None or conn.closed:
-            return
-        released: list[Key] = []
-        for msg in msgs:
-            if type(msg) is m.ReleaseKeys:  # merge runs of releases into one message
-                released.extend(msg.keys)
-                continue
+            conn = self._conn
+            if conn is None or conn.closed:
+                return
+            released: list[Key] = []
+            for msg in msgs:
+                if type(msg) is m.ReleaseKeys:  # merge runs of releases into one message
+                    released.extend(msg.keys)
+                    continue
+                if released:
+                    conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+                    released = []
+                conn.send(msg)
             if released:
                 conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
-                released = []
-            conn.send(msg)
-        if released:
-            conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
-        conn.flush()  # now, not one more loop iteration later
+            conn.flush()  # now, not one more loop iteration later
 
     def _run_callback(self, fn: Callable[[Future], Any], future: Future) -> None:
         if self._callback_pool is None:
@@ -486,6 +513,15 @@ class Client(
                 raise ProtocolError(f"the scheduler refused a message: {msg.reason}")  # type: ignore[attr-defined]
             else:
                 raise ProtocolError(f"the scheduler may not send {t.__name__} to a client")
+
+
+def _may_write_direct(msg: m.Message) -> bool:
+    """Whether ``msg`` is a small submission or release, worth writing from the caller's
+    thread (a large one is written by the loop, part after part)."""
+    t = type(msg)
+    if t is m.SubmitTasks:
+        return len(msg.tasks) <= DIRECT_SUBMIT_TASKS  # type: ignore[attr-defined]
+    return t is m.ReleaseKeys and len(msg.keys) <= DIRECT_RELEASE_KEYS  # type: ignore[attr-defined]
 
 
 def _cancel_number(stimulus_id: str) -> int | None:

@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -69,12 +68,8 @@ T = TypeVar("T")
 # Inline results a client holds at most, in all (each at most the workers' limit,
 # shoal.worker.inline-results-bytes); past this, results are fetched when gathered.
 INLINE_HELD_MAX = 256 * 2**20
-# Written from the calling thread (Client._send) at most: a submission of this many
-# tasks, a release of this many keys; and a release this soon (s) after the last one
-# written so is taken for a burst, merged by the loop instead.
+# A submission of at most this many tasks is written from the calling thread (_send).
 DIRECT_SUBMIT_TASKS = 32
-DIRECT_RELEASE_KEYS = 64
-RELEASE_BURST_GAP = 0.0005
 # Clients of this process that may be connected: closed at exit before the clusters
 # (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -177,7 +172,6 @@ class Client(
         self._submit_lock = threading.Lock()
         self._submits = itertools.count(1)
         self._wakeup_scheduled = False
-        self._last_direct_release = 0.0  # perf_counter of the last release written directly
         self._worker_conns = ConnectionPool(
             lambda: m.Hello(m.PROTOCOL_VERSION, "client", name=self.id), timeout
         )
@@ -375,21 +369,14 @@ class Client(
 
     def _send(self, msg: m.Message) -> None:
         """Queue a message for the scheduler from any thread, keeping order. From a
-        thread other than the loop's, a small submission or release is written on the
-        connection at once when nothing waits before it (no loop wake-up)."""
+        thread other than the loop's, a small submission is written on the connection at
+        once when nothing waits before it (no loop wake-up)."""
         runner = self._runner
         direct = runner is not None and _may_write_direct(msg) and not runner.in_loop_thread()
         with self._outbox_lock:
             if direct and not self._outbox and not self._wakeup_scheduled:
-                if type(msg) is m.ReleaseKeys:
-                    # A burst of releases (a list of futures dropped) goes as one message
-                    # through the loop, not as a write per key.
-                    now = time.perf_counter()
-                    direct = now - self._last_direct_release > RELEASE_BURST_GAP
-                    self._last_direct_release = now
-                    msg = m.ReleaseKeys(msg.keys, stimulus_id=f"release-{self.id}")
                 conn = self._conn
-                if direct and conn is not None and conn.write_direct([msg]):
+                if conn is not None and conn.write_direct([msg]):
                     return
             self._outbox.append(msg)
             if self._wakeup_scheduled:
@@ -516,12 +503,10 @@ class Client(
 
 
 def _may_write_direct(msg: m.Message) -> bool:
-    """Whether ``msg`` is a small submission or release, worth writing from the caller's
-    thread (a large one is written by the loop, part after part)."""
-    t = type(msg)
-    if t is m.SubmitTasks:
-        return len(msg.tasks) <= DIRECT_SUBMIT_TASKS  # type: ignore[attr-defined]
-    return t is m.ReleaseKeys and len(msg.keys) <= DIRECT_RELEASE_KEYS  # type: ignore[attr-defined]
+    """Whether ``msg`` is a small submission, worth writing from the caller's thread (a
+    large one is written by the loop, part after part). Releases go through the loop:
+    written from the caller, at the end of a compute, they cost it more (measured)."""
+    return type(msg) is m.SubmitTasks and len(msg.tasks) <= DIRECT_SUBMIT_TASKS
 
 
 def _cancel_number(stimulus_id: str) -> int | None:

@@ -94,6 +94,7 @@ def install() -> None:
 
     connection.Connection._dispatch = stamped_dispatch  # type: ignore[method-assign]
     _wrap(connection.Connection, "_write", "wr")
+    _wrap(connection.Connection, "write_direct", "wd")  # a caller's thread writing itself
     role = _role()
     if role == "worker":
         from shoal.server import task_thread, worker

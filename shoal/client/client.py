@@ -68,6 +68,8 @@ T = TypeVar("T")
 # Inline results a client holds at most, in all (each at most the workers' limit,
 # shoal.worker.inline-results-bytes); past this, results are fetched when gathered.
 INLINE_HELD_MAX = 256 * 2**20
+# A submission of at most this many tasks is written from the calling thread (_send).
+DIRECT_SUBMIT_TASKS = 32
 # Clients of this process that may be connected: closed at exit before the clusters
 # (shoal.deploy.local), so that a cluster closing under them is no "lost scheduler".
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -247,6 +249,8 @@ class Client(
         self.dashboard_port = welcome.dashboard_port  # 0: the scheduler serves no dashboard
         self._conn.on_close = self._scheduler_lost
         self._conn.set_handler(self._on_frame)
+        if not self._asynchronous:
+            self._conn.enable_direct_writes()  # for the calling threads (_send)
         if not self.forward_output:
             self._conn.send(m.ForwardOutput(False))
         self._heartbeats = asyncio.ensure_future(
@@ -364,39 +368,49 @@ class Client(
             loop.call_soon_threadsafe(fn)
 
     def _send(self, msg: m.Message) -> None:
-        """Queue a message for the scheduler from any thread, keeping order."""
+        """Queue a message for the scheduler from any thread, keeping order. From a
+        thread other than the loop's, a small submission is written on the connection at
+        once when nothing waits before it (no loop wake-up)."""
+        runner = self._runner
+        direct = runner is not None and _may_write_direct(msg) and not runner.in_loop_thread()
         with self._outbox_lock:
+            if direct and not self._outbox and not self._wakeup_scheduled:
+                conn = self._conn
+                if conn is not None and conn.write_direct([msg]):
+                    return
             self._outbox.append(msg)
             if self._wakeup_scheduled:
                 return
             self._wakeup_scheduled = True
         loop = self._loop
         assert loop is not None
-        if self._runner is None or self._runner.in_loop_thread():
+        if runner is None or runner.in_loop_thread():
             loop.call_soon(self._flush_outbox)
         else:
             loop.call_soon_threadsafe(self._flush_outbox)
 
     def _flush_outbox(self) -> None:
+        # Under the lock until written: a direct write (_send) must not overtake the
+        # messages taken from the outbox.
         with self._outbox_lock:
             self._wakeup_scheduled = False
             msgs = list(self._outbox)
             self._outbox.clear()
-        conn = self._conn
-        if conn is None or conn.closed:
-            return
-        released: list[Key] = []
-        for msg in msgs:
-            if type(msg) is m.ReleaseKeys:  # merge runs of releases into one message
-                released.extend(msg.keys)
-                continue
+            conn = self._conn
+            if conn is None or conn.closed:
+                return
+            released: list[Key] = []
+            for msg in msgs:
+                if type(msg) is m.ReleaseKeys:  # merge runs of releases into one message
+                    released.extend(msg.keys)
+                    continue
+                if released:
+                    conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
+                    released = []
+                conn.send(msg)
             if released:
                 conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
-                released = []
-            conn.send(msg)
-        if released:
-            conn.send(m.ReleaseKeys(released, stimulus_id=f"release-{self.id}"))
-        conn.flush()  # now, not one more loop iteration later
+            conn.flush()  # now, not one more loop iteration later
 
     def _run_callback(self, fn: Callable[[Future], Any], future: Future) -> None:
         if self._callback_pool is None:
@@ -486,6 +500,13 @@ class Client(
                 raise ProtocolError(f"the scheduler refused a message: {msg.reason}")  # type: ignore[attr-defined]
             else:
                 raise ProtocolError(f"the scheduler may not send {t.__name__} to a client")
+
+
+def _may_write_direct(msg: m.Message) -> bool:
+    """Whether ``msg`` is a small submission, worth writing from the caller's thread (a
+    large one is written by the loop, part after part). Releases go through the loop:
+    written from the caller, at the end of a compute, they cost it more (measured)."""
+    return type(msg) is m.SubmitTasks and len(msg.tasks) <= DIRECT_SUBMIT_TASKS
 
 
 def _cancel_number(stimulus_id: str) -> int | None:

@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,11 @@ class Connection(asyncio.BufferedProtocol):
         self._paused: asyncio.Future[None] | None = None
         self._inbox: asyncio.Queue[Frame] | None = None  # used until a handler is set
         self.info: dict[str, Any] = {}
+        # Direct writes (enable_direct_writes): every write to the socket, the loop's
+        # and other threads', is made under this lock, on a duplicate of its descriptor.
+        self._write_lock: threading.Lock | None = None
+        self._direct_fd = -1
+        self.direct_partial_writes = 0  # direct writes the kernel took only in part
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -296,6 +302,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.close_reason is None:
             self.close_reason = f"connection to {self.peer} closed" + (f": {exc}" if exc else "")
         self._drop_writes()
+        self._close_direct_fd()
         cls = PeerProtocolError if self._protocol_error else CommClosedError
         err = cls(self.close_reason)
         for fut in self._pending.values():
@@ -320,7 +327,7 @@ class Connection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         if self._wqueue:
-            self._pump()
+            self._pump_locked()
         if not self._wqueue and self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
@@ -370,6 +377,14 @@ class Connection(asyncio.BufferedProtocol):
         self._write(encode_frame(out, bufs))
 
     def _write(self, pieces: list[bytes | memoryview]) -> None:
+        lock = self._write_lock
+        if lock is None:
+            self._write_unlocked(pieces)
+        else:
+            with lock:
+                self._write_unlocked(pieces)
+
+    def _write_unlocked(self, pieces: list[bytes | memoryview]) -> None:
         """Write the pieces of a frame: small ones joined, large ones in chunks as the
         transport drains, behind whatever is still queued."""
         assert self.transport is not None
@@ -411,6 +426,91 @@ class Connection(asyncio.BufferedProtocol):
             transport.write(chunk)
         if not queue and self._close_when_drained and not transport.is_closing():
             transport.close()
+
+    def _pump_locked(self) -> None:
+        lock = self._write_lock
+        if lock is None:
+            self._pump()
+        else:
+            with lock:
+                if self.transport is not None:
+                    self._pump()
+
+    # ------------------------------------------------- direct writes from other threads
+
+    def enable_direct_writes(self) -> bool:
+        """Let :meth:`write_direct` write frames from other threads (a client's calling
+        thread: its submission goes out without waking the loop). Not for TLS (the
+        transport encrypts) nor a transport without a socket. Whether it is enabled."""
+        transport = self.transport
+        if transport is None or self.closed or self.handshake is not None:
+            return False
+        if transport.get_extra_info("sslcontext") is not None:
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        # A duplicate: the descriptor stays ours (never another socket's number reused)
+        # whenever the transport closes its own; closed with the connection.
+        self._direct_fd = os.dup(sock.fileno())
+        os.set_blocking(self._direct_fd, False)
+        self._write_lock = threading.Lock()
+        return True
+
+    def write_direct(self, msgs: list[m.Message]) -> bool:
+        """Write ``msgs`` as one frame now, from any thread, if the connection is idle:
+        nothing queued here nor in the transport (whatever is, goes first, so this
+        waits for the loop: False, and nothing is written). A small frame only (no
+        buffers); what the kernel does not take at once is left for the loop to write
+        before anything else. Frames never interleave: every write holds the lock."""
+        lock = self._write_lock
+        if lock is None or self.closed or self._out or self._flush_scheduled:
+            return False
+        (data,) = encode_frame(msgs)
+        if len(data) > SMALL_PIECE:
+            return False
+        with lock:
+            transport = self.transport
+            if (
+                self.closed
+                or self._direct_fd < 0
+                or transport is None
+                or self._out
+                or self._flush_scheduled
+                or self._wqueue
+                or self._write_paused
+                or transport.is_closing()
+                or transport.get_write_buffer_size()
+            ):
+                return False
+            try:
+                written = os.write(self._direct_fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                return False  # a broken connection: the loop finds out and closes it
+            traffic = self.traffic
+            traffic.frames_sent += 1
+            traffic.bytes_sent += len(data)
+            traffic.messages_sent += len(msgs)
+            if written < len(data):
+                self.direct_partial_writes += 1
+                # The rest goes before anything written after it (_write queues behind
+                # it, and later direct writes wait for the queue to empty).
+                rest = memoryview(data)[written:]
+                self._wqueue.append(rest)
+                self._wqueued += rest.nbytes
+                self._loop.call_soon_threadsafe(self._pump_locked)
+        return True
+
+    def _close_direct_fd(self) -> None:
+        lock = self._write_lock
+        if lock is None:
+            return
+        with lock:
+            if self._direct_fd >= 0:
+                os.close(self._direct_fd)
+                self._direct_fd = -1
 
     def _drop_writes(self) -> None:
         self._wqueue.clear()  # no reference to a sent value outlives the connection
@@ -492,8 +592,22 @@ class Connection(asyncio.BufferedProtocol):
         """Close once everything sent so far is written."""
         if self.transport is not None and not self.transport.is_closing():
             self.flush()
-            if self._wqueue:
-                self._close_when_drained = True
+            lock = self._write_lock
+            if lock is None:
+                self._close_transport()
             else:
-                self.transport.close()
+                with lock:
+                    self._close_transport()
         self.closed = True
+
+    def _close_transport(self) -> None:
+        assert self.transport is not None
+        if self._wqueue:
+            self._close_when_drained = True
+        else:
+            self.transport.close()
+        # No direct write after close; the transport writes what it holds on its own
+        # descriptor (the duplicate must not keep the socket open once it is done).
+        if self._direct_fd >= 0:
+            os.close(self._direct_fd)
+            self._direct_fd = -1

@@ -279,3 +279,66 @@ def test_a_request_after_a_release_sees_the_release(client: Client) -> None:
         key = future.key
         del future
         assert key not in {k for keys in client.has_what().values() for k in keys}
+
+
+def test_caller_threads_writing_directly_and_the_loop_keep_each_threads_order(
+    client: Client,
+) -> None:
+    """Threads computing (the same key again) and dropping results at once (each
+    submission written straight on the scheduler connection from its thread, or through
+    the loop when something waits there; releases through the loop) while the loop
+    sends its own requests: every result is right, and once all futures are gone the
+    cluster holds none of their keys (a submission overtaking the release before it
+    would be dropped by that release, or leave a key held)."""
+    import threading
+
+    import dask
+
+    from shoal.comm.connection import Connection
+
+    direct = []
+    write_direct = Connection.write_direct
+
+    def counting(self: Connection, msgs: list) -> bool:
+        done = write_direct(self, msgs)
+        if done:
+            direct.append(type(msgs[0]).__name__)
+        return done
+
+    errors: list[BaseException] = []
+    keys: list[str] = []
+
+    def caller(t: int) -> None:
+        try:
+            for i in range(40):
+                # The same key again and again: its release must not be overtaken by
+                # its next submission (the scheduler would drop the resubmitted key).
+                total = dask.delayed(sum)([t, 0, 1])
+                keys.append(total.key)
+                assert total.compute(scheduler=client.get) == t + 1
+                future = client.submit(lambda x: x * 2, (t, i), pure=False)
+                keys.append(future.key)
+                assert future.result(timeout=10) == (t, i, t, i)
+                del future
+        except BaseException as e:
+            errors.append(e)
+
+    Connection.write_direct = counting  # type: ignore[method-assign]
+    try:
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            client.has_what()  # the loop's own requests, meanwhile
+        for th in threads:
+            th.join()
+    finally:
+        Connection.write_direct = write_direct  # type: ignore[method-assign]
+    assert not errors, errors
+    assert "SubmitTasks" in direct  # the path was taken
+    deadline = time.monotonic() + 10
+    while (held := {k for ks in client.has_what().values() for k in ks} & set(keys)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert not held, f"released keys still held: {sorted(held)[:5]}"

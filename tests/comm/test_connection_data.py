@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from comm_loops import run_on_loop
 
 from shoal.comm.connection import CHUNK, Connection
 from shoal.comm.security import Security
@@ -30,16 +30,6 @@ class Recording(Connection):
     def pause_writing(self) -> None:
         self.paused_at.append(self.transport.get_write_buffer_size() if self.transport else 0)
         super().pause_writing()
-
-
-def run(loop_kind: str, coro_fn: Callable[[], Any]) -> Any:
-    if loop_kind == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    else:
-        runner = asyncio.Runner()
-    with runner:
-        return runner.run(asyncio.wait_for(coro_fn(), 60))
 
 
 async def pair(tls: bool) -> tuple[Recording, Recording, asyncio.Queue[Frame], Any]:
@@ -130,7 +120,7 @@ def test_large_buffers_and_small_messages_keep_their_order(loop_kind: str, tls: 
             server.close()
             await server.wait_closed()
 
-    run(loop_kind, main)
+    run_on_loop(loop_kind, main)
 
 
 @pytest.mark.timeout(60)
@@ -157,7 +147,7 @@ def test_a_sent_value_is_not_kept_once_written(loop_kind: str) -> None:
             server.close()
             await server.wait_closed()
 
-    run(loop_kind, main)
+    run_on_loop(loop_kind, main)
 
 
 @pytest.mark.timeout(60)
@@ -177,4 +167,4 @@ def test_closing_with_data_queued_sends_it_first() -> None:
             server.close()
             await server.wait_closed()
 
-    run("asyncio", main)
+    run_on_loop("asyncio", main)

@@ -9,26 +9,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from comm_loops import run_on_loop
 
 from shoal.comm.connection import Connection
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame
 
 WRITERS = 4
-
-
-def run(loop_kind: str, coro_fn: Callable[[], Any]) -> Any:
-    if loop_kind == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    else:
-        runner = asyncio.Runner()
-    with runner:
-        return runner.run(asyncio.wait_for(coro_fn(), 60))
 
 
 async def pair(small_buffers: bool) -> tuple[Connection, Connection, list[Frame], Any]:
@@ -120,7 +110,7 @@ async def write_concurrently(small_buffers: bool, per_writer: int, pad: int) -> 
 def test_direct_writes_from_threads_and_the_loops_writes_arrive_whole_and_in_order(
     loop_kind: str,
 ) -> None:
-    sender = run(loop_kind, lambda: write_concurrently(False, per_writer=300, pad=10))
+    sender = run_on_loop(loop_kind, lambda: write_concurrently(False, per_writer=300, pad=10))
     assert sender.traffic.frames_sent >= 5 * 300 / 2  # (loop frames may hold several)
 
 
@@ -128,7 +118,7 @@ def test_direct_writes_from_threads_and_the_loops_writes_arrive_whole_and_in_ord
 def test_a_direct_write_taken_in_part_is_finished_before_anything_written_after_it(
     loop_kind: str,
 ) -> None:
-    sender = run(loop_kind, lambda: write_concurrently(True, per_writer=60, pad=20_000))
+    sender = run_on_loop(loop_kind, lambda: write_concurrently(True, per_writer=60, pad=20_000))
     assert sender.direct_partial_writes > 0  # the path this test is about was taken
 
 
@@ -148,7 +138,7 @@ def test_no_direct_write_while_the_loop_has_frames_queued() -> None:
         receiver.close()
         server.close()
 
-    run("uvloop", main)
+    run_on_loop("uvloop", main)
 
 
 def test_direct_writes_are_refused_on_tls() -> None:
@@ -168,4 +158,4 @@ def test_direct_writes_are_refused_on_tls() -> None:
         sender.close()
         server.close()
 
-    run("asyncio", main)
+    run_on_loop("asyncio", main)

@@ -395,9 +395,9 @@ def _direct_builder(
     slots: tuple[list[tuple[int, str]], list[tuple[str, str]]],
 ) -> Any:
     """A function building a block's ``Task`` of the layer with its slots set directly
-    (``Task.__init__`` works out the dependencies argument by argument; here those of
-    the arguments the same in every block are worked out once), if it builds ``made``
-    (a block built by Dask's constructor) slot for slot; else Dask's constructor."""
+    (``Task.__init__`` looks at every argument; here only those that can bring a
+    dependency, in the same order), if it builds ``made`` (a block built by Dask's
+    constructor) slot for slot; else Dask's constructor."""
     from dask._task_spec import GraphNode, Task, TaskRef, _no_deps
 
     from shoal.client.reduction_expand import _same_slots
@@ -405,26 +405,33 @@ def _direct_builder(
     func, producer = made.func, made.data_producer
     varying = set(per_block)
     arg_slots, kwarg_slots = slots
-    skipped = {i for i, token in arg_slots if token in varying}
-    skipped_kw = {name for name, token in kwarg_slots if token in varying}
-    constant_deps: set = set()
-    for place, a in [*enumerate(args), *kwargs.items()]:
-        if place in (skipped if isinstance(place, int) else skipped_kw):
-            continue
-        if isinstance(a, TaskRef):
-            constant_deps.add(a.key)
-        elif isinstance(a, GraphNode) and a.dependencies:
-            constant_deps.update(a.dependencies)
+    varying_args = {i for i, token in arg_slots if token in varying}
+    varying_kwargs = {name for name, token in kwarg_slots if token in varying}
+
+    def may_depend(a: Any) -> bool:
+        return isinstance(a, TaskRef) or (isinstance(a, GraphNode) and bool(a.dependencies))
+
+    # The arguments that can bring dependencies, in Dask's order: a set's iteration
+    # order hangs on the order its items went in, and Dask's fusion walks it.
+    arg_places = [i for i, a in enumerate(args) if i in varying_args or may_depend(a)]
+    kwarg_places = [k for k, a in kwargs.items() if k in varying_kwargs or may_depend(a)]
     new: Any = object.__new__
 
     def direct(key: Any, args: list, kwargs: dict, nodes: dict) -> Any:
-        deps = set(constant_deps)
-        for token in per_block:
-            a = nodes[token]
+        # Task.__init__'s walk over the arguments (the same set operations in the same
+        # order), over only those that can bring dependencies.
+        deps: set | None = None
+        for a in [*[args[i] for i in arg_places], *[kwargs[k] for k in kwarg_places]]:
             if isinstance(a, TaskRef):
-                deps.add(a.key)
-            elif isinstance(a, GraphNode):
-                deps.update(a.dependencies)
+                if deps is None:
+                    deps = {a.key}
+                else:
+                    deps.add(a.key)
+            elif isinstance(a, GraphNode) and a.dependencies:
+                if deps is None:
+                    deps = set(a.dependencies)
+                else:
+                    deps.update(a.dependencies)
         node = new(Task)
         node.key, node.func, node.args, node.kwargs = key, func, tuple(args), dict(kwargs)
         node._dependencies = frozenset(deps) if deps else _no_deps

@@ -171,7 +171,7 @@ def _built(key: Key, func: Any, items: list) -> Any:
 
 def _same_slots(a: Any, b: Any) -> bool:
     """Whether two Dask nodes (and the nodes among their arguments) have the same type
-    and every slot the same value."""
+    and every slot the same value (a set of dependencies also in the same order)."""
     if type(a) is not type(b):
         return False
     from dask._task_spec import GraphNode
@@ -188,6 +188,8 @@ def _same_slots(a: Any, b: Any) -> bool:
                     return False
             elif x is not y and (type(x) is not type(y) or x != y):
                 return False
+            elif type(x) is frozenset and list(x) != list(y):
+                return False  # the same items in another order: Dask's fusion walks them
     return True
 
 

@@ -109,6 +109,7 @@ def install(path: Path, role: str) -> None:
             fh.write(json.dumps(line) + "\n")
 
     flush, send_frame, dispatch = cls.flush, cls.send_frame, cls._dispatch
+    write_direct = cls.write_direct
 
     def traced_flush(self: Any) -> None:
         out, t = list(self._out), time.time()  # stamped before the write, as sent
@@ -122,6 +123,13 @@ def install(path: Path, role: str) -> None:
         send_frame(self, pieces, messages)
         record(self, "out", [], t, note=f"pre-encoded frame of {messages} message(s)")
 
+    def traced_write_direct(self: Any, msgs: list[Any]) -> bool:
+        t = time.time()  # a calling thread's frame, written on the socket itself
+        written = write_direct(self, msgs)
+        if written:
+            record(self, "out", list(msgs), t)
+        return written
+
     def traced_dispatch(self: Any, frame: Any) -> None:
         record(self, "in", list(frame.messages), time.time())
         dispatch(self, frame)
@@ -129,6 +137,7 @@ def install(path: Path, role: str) -> None:
     cls.flush = traced_flush  # type: ignore[method-assign]
     cls.send_frame = traced_send_frame  # type: ignore[method-assign]
     cls._dispatch = traced_dispatch  # type: ignore[method-assign]
+    cls.write_direct = traced_write_direct  # type: ignore[method-assign]
     cls._traced = True  # type: ignore[attr-defined]
 
 

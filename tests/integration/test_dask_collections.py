@@ -42,6 +42,7 @@ from tasks import wait_for_file
 
 import shoal
 from shoal import Client, Future, LocalCluster
+from shoal.protocol.framing import encode_frame
 from shoal.protocol.serialize import function_id
 
 pytestmark = pytest.mark.timeout(120)
@@ -713,16 +714,27 @@ def fast_client(fast_cluster: LocalCluster) -> Any:
 
 @pytest.fixture
 def wire(fast_client: Client) -> Any:
-    """Every byte ``fast_client`` sends to the scheduler."""
+    """Every byte ``fast_client`` sends to the scheduler: through its transport, and
+    the frames its calling thread writes on the socket itself (``write_direct``)."""
     conn = fast_client._conn
     assert conn is not None and conn.transport is not None
     original = conn.transport
     counter = WireCounter(original)
+    write_direct = conn.write_direct
+
+    def counted_write_direct(msgs: list[Any]) -> bool:
+        written = write_direct(msgs)
+        if written:
+            counter.chunks.append(b"".join(bytes(p) for p in encode_frame(msgs)))
+        return written
+
     conn.transport = counter
+    conn.write_direct = counted_write_direct  # type: ignore[method-assign]
     try:
         yield counter
     finally:
         conn.transport = original
+        del conn.write_direct
 
 
 def _sent_once(client: Client, wire: WireCounter, func: Any, marker: bytes) -> None:

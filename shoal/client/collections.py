@@ -78,7 +78,7 @@ def submit_graph(
     unknown = [k for k in keys if k not in dsk and k not in held]
     if unknown:
         raise ValueError(f"keys neither in the graph nor held by this client: {unknown[:20]!r}")
-    check_graph(dsk, held.__contains__)
+    index = check_graph(dsk, held.__contains__)  # the graph on positions, for its order too
     defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
     encoder = client._graph_encoder()
     # A layer's template pays off from its second task on: a graph this small has no
@@ -86,7 +86,7 @@ def submit_graph(
     # more than its tasks' encoding.
     encoder.start_graph(layer_templates, templates=len(dsk) > SMALL_GRAPH_TASKS)
     # (a graph too small to order needs no bound: no config lookup per small compute)
-    ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None)
+    ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None, index)
     # Large data nodes are placed on the workers (or found there) before the graph is
     # sent: the graph then depends on their keys like on held futures, held until sent.
     data: dict[Key, Future] = {}

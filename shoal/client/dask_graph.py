@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
@@ -33,6 +33,9 @@ from shoal.protocol.serialize import (
     pickled_task_args,
     plain_task_args,
 )
+
+if TYPE_CHECKING:
+    from shoal.client.graph_order import GraphIndex
 
 ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers", "duration")
 
@@ -149,30 +152,24 @@ def skip_aliases(dsk: dict[Key, Any], keep: Iterable[Key]) -> dict[Key, Any]:
     return out
 
 
-def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None:
+def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> GraphIndex:
     """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
-    that has a cycle; the error names the keys."""
+    that has a cycle; the error names the keys. Returns the graph's
+    :class:`~shoal.client.graph_order.GraphIndex` (for its order)."""
+    from shoal.client.graph_order import GraphIndex
+
     # On positions (Dask's tuple keys are hashed anew at every lookup), one pass over
-    # the dependencies for both checks.
-    keys = list(dsk)
-    get = {key: i for i, key in enumerate(keys)}.get
-    pending = [0] * len(keys)
-    dependents: list[list[int]] = [[] for _ in keys]
-    missing: set[Key] = set()
-    for i, node in enumerate(dsk.values()):
-        for dk in node.dependencies:
-            p = get(dk)
-            if p is not None:
-                pending[i] += 1
-                dependents[p].append(i)
-            elif not external(dk):
-                missing.add(dk)
+    # the dependencies for both checks, shared with the order.
+    index = GraphIndex(dsk)
+    keys, dependents = index.keys, index.dependents
+    missing = {dk for dk in index.outside if not external(dk)}
     if missing:
         shown = ", ".join(sorted(map(repr, missing))[:20])
         raise ValueError(
             f"the graph depends on {len(missing)} key(s) that exist nowhere (not in the graph "
             f"and not held by this client): {shown}"
         )
+    pending = [len(deps) for deps in index.deps_of]
     # Kahn's algorithm: whatever never becomes free is on or after a cycle.
     free = [i for i, n in enumerate(pending) if n == 0]
     freed = 0
@@ -188,6 +185,7 @@ def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> None
         on_cycle = _cycle_keys(dsk, stuck)
         shown = " -> ".join(map(repr, on_cycle))
         raise ValueError(f"the graph has a dependency cycle: {shown}")
+    return index
 
 
 def topological(dsk: Mapping[Key, Any], priorities: Mapping[Key, int]) -> list[Key]:

@@ -41,19 +41,54 @@ def order_bound() -> int | None:
     return value
 
 
-def submission_order(dsk: Mapping[Key, Any], max_tasks: int | None) -> list[Key]:
+class GraphIndex:
+    """A graph on positions (ints): its keys in order, each key's dependencies in the
+    graph (positions, sorted), each key's dependents (in key order), and the
+    dependencies outside the graph. Dask's tuple keys are hashed anew at every lookup:
+    made once per submission, for both :func:`~shoal.client.dask_graph.check_graph`
+    and :func:`dependency_first`, instead of a position map and a walk over every
+    dependency in each."""
+
+    __slots__ = ("keys", "deps_of", "dependents", "outside")
+
+    def __init__(self, dsk: Mapping[Key, Any]):
+        keys = list(dsk)
+        get = {key: i for i, key in enumerate(keys)}.get
+        deps_of: list[list[int]] = []
+        dependents: list[list[int]] = [[] for _ in keys]
+        outside: list[Key] = []
+        for i, node in enumerate(dsk.values()):
+            ds = node.dependencies
+            deps = [p for p in map(get, ds) if p is not None]
+            if len(deps) != len(ds):
+                outside.extend([dk for dk in ds if get(dk) is None])
+            if len(deps) > 1:
+                deps.sort()
+            deps_of.append(deps)
+            for p in deps:
+                dependents[p].append(i)
+        self.keys = keys
+        self.deps_of = deps_of
+        self.dependents = dependents
+        self.outside = outside
+
+
+def submission_order(
+    dsk: Mapping[Key, Any], max_tasks: int | None, index: GraphIndex | None = None
+) -> list[Key]:
     """The keys of ``dsk`` (Dask graph nodes, acyclic) in the order to submit them: every
-    key after its dependencies in the graph."""
+    key after its dependencies in the graph. ``index``: ``dsk``'s :class:`GraphIndex`,
+    if the caller has made it."""
     from shoal.client.dask_graph import topological
 
     if len(dsk) <= TRIVIAL_TASKS or (max_tasks is not None and len(dsk) > max_tasks):
-        return dependency_first(dsk)
+        return dependency_first(dsk, index)
     from dask.order import order
 
     return topological(dsk, order(dsk))  # type: ignore[arg-type]
 
 
-def dependency_first(dsk: Mapping[Key, Any]) -> list[Key]:
+def dependency_first(dsk: Mapping[Key, Any], index: GraphIndex | None = None) -> list[Key]:
     """A depth-first post-order of ``dsk`` (acyclic) from its outputs (the keys no other
     key depends on), in the graph's own key order; each key's dependencies are taken in
     that order too. Dependencies outside ``dsk`` are ignored.
@@ -61,24 +96,17 @@ def dependency_first(dsk: Mapping[Key, Any]) -> list[Key]:
     After each key, its dependents that are now ready and release a result (the last
     dependent of one of their inputs) run at once, and so on from them: a value used by
     two branches (``x - x.mean()``) is consumed as soon as it can be, instead of being
-    held until the depth-first walk comes back to it."""
+    held until the depth-first walk comes back to it.
+
+    ``index``: ``dsk``'s :class:`GraphIndex`, if the caller has made it."""
     # The walk runs on positions (ints), not keys: Dask's tuple keys are hashed anew
     # at every dict or set lookup. Every list is kept in the graph's key order once,
     # when built (dependents appended in that order, dependencies sorted), so that
     # the walk never sorts.
-    keys = list(dsk)
+    if index is None:
+        index = GraphIndex(dsk)
+    keys, deps_of, dependents = index.keys, index.deps_of, index.dependents
     n = len(keys)
-    position = {key: i for i, key in enumerate(keys)}
-    get = position.get
-    deps_of: list[list[int]] = []
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, node in enumerate(dsk.values()):
-        deps = [p for p in map(get, node.dependencies) if p is not None]
-        if len(deps) > 1:
-            deps.sort()
-        deps_of.append(deps)
-        for p in deps:
-            dependents[p].append(i)
     unplaced_deps = [len(deps) for deps in deps_of]
     unplaced_dependents = [len(ds) for ds in dependents]
     out: list[int] = []

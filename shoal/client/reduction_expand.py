@@ -55,7 +55,7 @@ def convert_legacy_graph(
             continue
         if type(arg) is tuple and len(arg) == 2 and type(arg[1]) is list and callable(arg[0]):
             items = arg[1]
-            if items and all(type(i) in _KEY_TYPES and _member(i, all_keys) for i in items):
+            if items and _all_keys_in(items, all_keys):
                 func = arg[0]
                 t = _reduction_task(k, func, items)
                 if templates is not None and type(k) is tuple and k and type(k[0]) is str:
@@ -114,7 +114,7 @@ def _dependencies(task: Any, keys: Any) -> set:
         if all(
             type(i) in _KEY_TYPES and not (type(i) is tuple and i and callable(i[0])) for i in items
         ):
-            return set([i for i in items if _member(i, keys)])
+            return set(_members(items, keys))
     from dask.core import keys_in_tasks
 
     return keys_in_tasks(keys, [task])
@@ -194,6 +194,23 @@ def _same_slots(a: Any, b: Any) -> bool:
 
 
 _UNSET = object()
+
+
+def _all_keys_in(items: list, keys: Container) -> bool:
+    """``all(type(i) in _KEY_TYPES and _member(i, keys) for i in items)``, without a
+    call per item (an unhashable item, rare, raises: then the items one by one)."""
+    try:
+        return all(type(i) in _KEY_TYPES and i in keys for i in items)
+    except TypeError:
+        return all(type(i) in _KEY_TYPES and _member(i, keys) for i in items)
+
+
+def _members(items: list, keys: Container) -> list:
+    """``[i for i in items if _member(i, keys)]``, without a call per item."""
+    try:
+        return [i for i in items if i in keys]
+    except TypeError:
+        return [i for i in items if _member(i, keys)]
 
 
 def _member(item: Any, keys: Container) -> bool:

@@ -56,7 +56,8 @@ def test_conversion_equals_dasks(name: str) -> None:
 
 def test_conversion_of_odd_items_equals_dasks() -> None:
     """Items that are not all keys of the graph (a literal, a missing key, an
-    unhashable list, an empty list, a str key, a dict argument) take Dask's path."""
+    unhashable list or tuple, an empty list, a str key, a dict argument) take Dask's
+    path."""
     dsk = {
         ("a", 0): 1,
         ("a", 1): 2,
@@ -69,6 +70,7 @@ def test_conversion_of_odd_items_equals_dasks() -> None:
         ("r", 5): (sum, ["s", ("a", 1)]),
         ("r", 6): (operator.getitem, [("a", 0)], 0),
         ("r", 7): (dict, {"x": ("a", 0)}),
+        ("r", 8): (sum, [("a", 0), ("a", [1])]),  # an unhashable tuple after a key
         "alias": ("a", 0),
     }
     templates: dict[str, Any] = {}
@@ -156,6 +158,7 @@ def test_cull_of_a_materialized_layer_equals_dasks() -> None:
             ("o", 1): (sum, [(operator.add, 1, 2)]),
             ("o", 2): (operator.add, ("o", 0), 1),
             ("o", 3): (sum, []),
+            ("o", 4): (sum, [("x", 1), ("x", [1]), ("o", 3)]),  # an unhashable tuple
         }
     )
     layers = [layer for layer in hlg.layers.values() if type(layer) is MaterializedLayer] + [odd]

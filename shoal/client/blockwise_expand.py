@@ -247,17 +247,26 @@ def _cull_reading_no_blocks(layer: Any, keys: set) -> tuple[Any, set, set] | Non
     if any(dep.produces_keys for dep in io_deps.values()):
         return None
     output = layer.output
-    output_blocks: set[tuple[int, ...]] = set()
+    # Dask's output keys, ``{(output, *block) for block in blocks}`` (``blocks``: the
+    # set of ``key[1:]`` of the keys in the layer): a tuple key is such a key itself;
+    # the blocks are only made where the layer is culled (their order is the layer's).
+    outputs: set = set()
     for key in keys:
         if key[0] == output:
-            output_blocks.add(key[1:])
-    outputs = {(output, *block) for block in output_blocks}
+            outputs.add(key if type(key) is tuple else (output, *key[1:]))
     if const_deps & outputs:
         return None
     full = 1
     for i in layer.output_indices:
         full *= layer.dims[i]
-    culled = layer if full == len(outputs) else layer._cull(output_blocks)
+    if full == len(outputs):
+        culled = layer
+    else:
+        output_blocks: set[tuple[int, ...]] = set()
+        for key in keys:
+            if key[0] == output:
+                output_blocks.add(key[1:])
+        culled = layer._cull(output_blocks)
     return culled, outputs, const_deps if outputs else set()
 
 

@@ -103,6 +103,7 @@ def _dask_internals_present() -> bool:
             blockwise_token,
         )
         from dask.highlevelgraph import HighLevelGraph
+        from dask.layers import ArrayChunkShapeDep  # noqa: F401
     except ImportError:
         return False
     return all(hasattr(Blockwise, name) for name in ("_cull", "is_materialized", "dims")) and (
@@ -300,6 +301,7 @@ def expand_blockwise(
         _lol_product,
         blockwise_token,
     )
+    from dask.layers import ArrayChunkShapeDep
 
     if type(layer) is not Blockwise or layer.is_materialized():
         return None
@@ -320,8 +322,9 @@ def expand_blockwise(
     # value Dask substitutes): the same for every block (literals, broadcast keys) ...
     constants: dict[str, Any] = {}
     # ... or per block, in Dask's order: (token, coordinate map, argument, how), how
-    # being "io" (a BlockwiseDep's value), "key" (a block's key) or "lol" (a
-    # contraction: a List of the blocks' keys).
+    # being "io" (a BlockwiseDep's value), "shape" (an ArrayChunkShapeDep's: the
+    # argument is its chunks), "key" (a block's key) or "lol" (a contraction: a List
+    # of the blocks' keys).
     per_block: list[tuple[str, list[int], Any, str]] = []
     for cmap, axes, (arg, ind), token in zip(coord_maps, concat_axes, indices, tokens, strict=True):
         if token not in wanted:
@@ -332,7 +335,11 @@ def expand_blockwise(
                 return None
             constants[token] = _placed(token, value)
         elif arg in io_deps:
-            per_block.append((token, cmap, io_deps[arg], "io"))
+            dep = io_deps[arg]
+            if type(dep) is ArrayChunkShapeDep:  # ``ones``, ``zeros``, ``full``: see below
+                per_block.append((token, cmap, dep.chunks, "shape"))
+            else:
+                per_block.append((token, cmap, dep, "io"))
         elif axes:
             per_block.append((token, cmap, arg, "lol"))
         else:
@@ -355,8 +362,16 @@ def expand_blockwise(
             arg_coords = _input_coords(coords, cmap)
             if how == "key":
                 nodes[token] = TaskRef((arg, *arg_coords))
-            elif how == "io":
-                raw = arg.get(arg_coords, arg_coords)
+            elif how == "io" or how == "shape":
+                if how == "shape":
+                    # ArrayChunkShapeDep.get(arg_coords, arg_coords) (Dask's code, its
+                    # generator a list, without two calls per block); ``arg``: its chunks
+                    try:
+                        raw = tuple([chunk[i] for i, chunk in zip(arg_coords, arg)])
+                    except KeyError:
+                        raw = arg_coords
+                else:
+                    raw = arg.get(arg_coords, arg_coords)
                 t = type(raw)
                 if t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in raw)):
                     nodes[token] = DataNode(token, raw)  # what parse_input leaves as it is

@@ -485,3 +485,14 @@ def test_the_graphs_key_order_is_dasks_under_any_string_hash() -> None:
     ]
     outputs = [run.communicate(timeout=120)[0].strip() for run in runs]
     assert outputs == ["True"] * 8
+
+
+def test_chunk_shapes_read_directly_are_dasks() -> None:
+    """The blocks of ``ones`` / ``full`` (an ``ArrayChunkShapeDep``, read without its
+    ``get``): each block's shape as Dask's, over irregular chunks in two dimensions."""
+    x = da.ones((7, 5), chunks=((3, 4), (2, 2, 1)))
+    y = da.full((7, 5), 2.0, chunks=((1, 6), (4, 1)))
+    for coll in (x + 1, (x * y).sum(axis=0), x.T + y.T):
+        (dsk, _), (ref, _) = both(coll)
+        assert_same_graph(dsk, ref)
+

@@ -94,8 +94,14 @@ def _dask_internals_present() -> bool:
     what the tests comparing with Dask's graphs catch)."""
     try:
         from dask._expr import HLGExpr, _HLGExprSequence  # noqa: F401
-        from dask._task_spec import DataNode, Task, TaskRef, parse_input  # noqa: F401
-        from dask.array.optimization import _optimize_slices  # noqa: F401
+        from dask._task_spec import (  # noqa: F401
+            DataNode,
+            Task,
+            TaskRef,
+            _execute_subgraph,  # noqa: F401
+            parse_input,
+        )
+        from dask.array.optimization import _is_getter_task, _optimize_slices  # noqa: F401
         from dask.blockwise import (  # noqa: F401
             Blockwise,
             _get_coord_mapping,
@@ -116,7 +122,6 @@ def _array_optimize(
 ) -> dict[Key, Any]:
     """``dask.array.optimization.optimize`` with :func:`expand_layers` in place of
     ``ensure_dict`` (the caller has checked that low-level fusion is on)."""
-    from dask.array.optimization import _optimize_slices
     from dask.blockwise import optimize_blockwise
     from dask.core import flatten
     from dask.highlevelgraph import HighLevelGraph
@@ -134,6 +139,28 @@ def _array_optimize(
     flat = reduction_expand.convert_legacy_graph(flat, None, templates, MIN_BLOCKS)
     flat = fuse_linear_task_spec(flat, keys=keys)
     return _optimize_slices(flat)
+
+
+def _optimize_slices(dsk: dict[Key, Any]) -> dict[Key, Any]:
+    """``dask.array.optimization._optimize_slices(dsk)``: Dask's, unless no task's
+    inner graph holds a getter. Dask's walks the inner graph of every fused task
+    (``_execute_subgraph``), in place, to fuse its getters: one that holds none is only
+    read, and the result is a copy of ``dsk``. A large layer's blocks share their
+    template's inner graph (one object): it is looked at once, not once per block."""
+    from dask._task_spec import Task, _execute_subgraph
+    from dask.array.optimization import _is_getter_task
+    from dask.array.optimization import _optimize_slices as dasks
+
+    has_getter: dict[int, bool] = {}  # by id: every inner graph stays alive in dsk
+    for v in dsk.values():
+        if isinstance(v, Task) and v.func is _execute_subgraph:
+            inner = v.args[0]
+            found = has_getter.get(id(inner))
+            if found is None:
+                found = has_getter[id(inner)] = any(map(_is_getter_task, inner.values()))
+            if found:
+                return dasks(dsk)
+    return dsk.copy()
 
 
 def _fuse_roots(graph: Any, keys: list) -> Any:

@@ -496,3 +496,27 @@ def test_chunk_shapes_read_directly_are_dasks() -> None:
         (dsk, _), (ref, _) = both(coll)
         assert_same_graph(dsk, ref)
 
+
+def test_slice_fusion_skipped_only_without_getters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dask's slice fusion runs where a fused task's inner graph holds a getter (its
+    slices fused as Dask's), and is skipped where none does: Dask's graph either way."""
+    import dask.array.optimization as dao
+
+    calls: list[int] = []
+    real = dao._optimize_slices
+
+    def spy(dsk: Any) -> Any:
+        calls.append(len(dsk))
+        return real(dsk)
+
+    monkeypatch.setattr(dao, "_optimize_slices", spy)
+    sliced = da.from_array(ArrayLike(np.arange(100.0)), chunks=10)
+    for coll, with_getters in (
+        ((sliced[5:][2:60] + 1).sum(), True),
+        (da.ones(40, chunks=4) + 1, False),
+    ):
+        calls.clear()
+        (dsk, _), (ref, _) = both(coll)
+        assert_same_graph(dsk, ref)
+        # ours (and Dask's own, for the reference) call Dask's function: once each
+        assert len(calls) == (2 if with_getters else 1)

@@ -25,7 +25,7 @@ from shoal.protocol.messages import Key
 def fuse_linear_task_spec(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[Key, Any]:
     """``dask._task_spec.fuse_linear_task_spec(dsk, keys)``: linear chains of ``dsk``
     fused into one task each, the keys in ``keys`` kept as they are."""
-    from dask._task_spec import Alias, GraphNode, Task
+    from dask._task_spec import Alias, DataNode, GraphNode, Task
     from dask._task_spec import fuse_linear_task_spec as dask_fuse
     from dask.optimization import default_fused_keys_renamer
 
@@ -39,10 +39,18 @@ def fuse_linear_task_spec(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[K
     one_dep = [-1] * n  # the one dependency of a key with exactly one
     n_dependents = [0] * n
     one_dependent = [-1] * n  # a dependent (the only one where there is exactly one)
+    # Dask's own nodes: ``dependencies`` and ``block_fusion`` are GraphNode's
+    # properties (its slot, False), read without a property call per node.
+    own_nodes = {Task, Alias, DataNode}
+    blocked = bytearray(n)  # block_fusion
     for i, node in enumerate(nodes):
-        if not isinstance(node, GraphNode):
+        if type(node) in own_nodes:
+            deps = node._dependencies
+        elif isinstance(node, GraphNode):
+            deps = node.dependencies
+            blocked[i] = bool(node.block_fusion)
+        else:
             return dask_fuse(dsk, keys)  # (dask works out a legacy task's dependencies)
-        deps = node.dependencies
         n_deps[i] = len(deps)
         for dk in deps:
             p = get(dk)
@@ -65,7 +73,7 @@ def fuse_linear_task_spec(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[K
         if seen[i]:
             continue
         seen[i] = 1
-        if n_deps[i] != 1 and n_dependents[i] != 1 or nodes[i].block_fusion:
+        if n_deps[i] != 1 and n_dependents[i] != 1 or blocked[i]:
             result[names[i]] = nodes[i]
             continue
         below: list[int] = []  # the chain below i, nearest first
@@ -79,7 +87,7 @@ def fuse_linear_task_spec(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[K
             seen[new] = 1
             if new >= n:  # a dependency outside the graph (a future's key)
                 break
-            if n_dependents[new] != 1 or nodes[new].block_fusion or kept[new]:
+            if n_dependents[new] != 1 or blocked[new] or kept[new]:
                 result[names[new]] = nodes[new]
                 break
             below.append(new)
@@ -93,7 +101,7 @@ def fuse_linear_task_spec(dsk: Mapping[Key, Any], keys: Iterable[Key]) -> dict[K
             if seen[new]:
                 break
             seen[new] = 1
-            if n_deps[new] != 1 or nodes[new].block_fusion:
+            if n_deps[new] != 1 or blocked[new]:
                 result[names[new]] = nodes[new]
                 break
             chain.append(new)

@@ -90,3 +90,23 @@ def test_a_graph_of_legacy_tasks_fails_as_in_dask() -> None:
     with pytest.raises(AttributeError) as ours:
         fuse_linear_task_spec(dsk, ["c"])
     assert str(ours.value) == str(theirs.value)
+
+
+class _Blocking(Task):
+    """A node of another class, that Dask's fusion must leave whole (``block_fusion``)."""
+
+    @property
+    def block_fusion(self) -> bool:
+        return True
+
+
+def test_nodes_of_other_classes_are_asked_as_dask_asks_them() -> None:
+    """Dask's own node classes are read through their slots; any other class through
+    its properties, as Dask's fusion does: a node blocking fusion stays whole."""
+    chain = {("c", 0): Task(("c", 0), _f)}
+    for i in range(1, 6):
+        cls = _Blocking if i == 3 else Task
+        chain[("c", i)] = cls(("c", i), _f, TaskRef(("c", i - 1)))
+    ours = fuse_linear_task_spec(chain, [("c", 5)])
+    _same(ours, dask_fuse(chain, [("c", 5)]))
+    assert ("c", 3) in ours and len(ours) == 3

@@ -126,8 +126,9 @@ class LayerEncoder:
         self._alias: Any = Alias
         self._identity_cast: Any = _identity_cast
         self.encoded = 0  # tasks encoded here (tests and benchmarks read it)
-        # (layer, values) -> payload data, for values of ints and strings (_exact_key)
-        self._data: dict[tuple[str, tuple], bytes] = {}
+        # (layer, values) -> the task's encoding, for values of ints and strings
+        # (_exact_key)
+        self._data: dict[tuple[str, tuple], tuple[str, TaskArgs]] = {}
 
     def encode(self, name: str, node: Any) -> tuple[str, TaskArgs] | None:
         """``(function id, arguments)`` of ``node`` (a task of layer ``name``), or None:
@@ -201,24 +202,28 @@ class LayerEncoder:
         made = self._template(name, layer)
         if made is None:
             return None
-        deps = list(made.deps)
         # Blocks often share their values (every chunk of ``ones`` has the same shape):
-        # values of ints and strings (exactly: no 1.0 or True for 1) are encoded once.
+        # values of ints and strings (exactly: no 1.0 or True for 1) are encoded once,
+        # and the task's arguments made once: a frozen Payload, and lists of
+        # dependencies (the template's: such values hold no reference) and functions
+        # that the GraphEncoder copies into each TaskSpec.
         cache_key = _exact_key(values)
         if cache_key is not None:
             cached = self._data.get((name, cache_key))
             if cached is not None:
                 self.encoded += 1
-                return made.fid, TaskArgs(Payload(TEMPLATE, cached), deps, made.funcs)
+                return cached
+        deps = list(made.deps)
         try:
             slot_bytes = plain_codec.dumps(values, self.ref_types, deps)
         except plain_codec.NotPlain:
             return None
         self.encoded += 1
         data = template_payload(made.template_id, slot_bytes)
+        out = made.fid, TaskArgs(Payload(TEMPLATE, data), deps, made.funcs)
         if cache_key is not None and len(self._data) < MAX_CACHED_VALUES:
-            self._data[(name, cache_key)] = data
-        return made.fid, TaskArgs(Payload(TEMPLATE, data), deps, made.funcs)
+            self._data[(name, cache_key)] = out
+        return out
 
     def _value(self, node: Any) -> Any:
         """A per-block argument as the task sees it (as the generic encoder converts

@@ -288,3 +288,17 @@ def test_a_reduction_tasks_keys_encode_as_the_generic_codec_encodes_them() -> No
     generic = plain_codec.dumps([tuple(Dep(k) for k in keys)], {Dep: lambda d: d.key}, deps)
     assert plain_codec.dumps_key_tuple(keys) == generic
     assert deps == keys
+
+
+def test_blocks_of_the_same_values_share_only_their_frozen_payload() -> None:
+    """Blocks whose values are the same (every chunk of ``ones`` has the same shape)
+    are encoded once: their TaskSpecs hold the same payload, but each its own lists of
+    dependencies and functions (a spec's lists are never another's)."""
+    dsk, layers = materialised(da.ones(12, chunks=2) + 1)
+    encoder = GraphEncoder(FunctionTable(), {})
+    encoder.start_graph(layers)
+    specs = [encoder.task_spec(k, dsk[k]) for k in dependency_first(dsk)]
+    blocks = [s for s in specs if s.payload.kind == TEMPLATE]
+    assert len(blocks) == 6 and len({id(s.payload) for s in blocks}) == 1
+    assert len({(tuple(s.deps), tuple(s.funcs)) for s in blocks}) == 1
+    assert len({id(s.deps) for s in blocks}) == len({id(s.funcs) for s in blocks}) == 6

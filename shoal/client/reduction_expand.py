@@ -46,9 +46,18 @@ def convert_legacy_graph(
     if all_keys is None:
         # a dict answers ``in`` as the set of its keys would: not built again
         all_keys = dsk if type(dsk) is dict else set(dsk)
-    new_dsk: dict[Key, Any] = {}
+    new_dsk: dict[Key, Any]
+    todo: Any
+    if type(dsk) is dict:
+        # Most values are Tasks already (Blockwise blocks), kept as they are: the dict
+        # is copied at once and only the others are converted, in place (a replaced
+        # value keeps its place, a dropped one goes: the order the loop would give).
+        new_dsk = dict(dsk)
+        todo = [(k, arg) for k, arg in dsk.items() if type(arg) is not Task]
+    else:
+        new_dsk, todo = {}, dsk.items()
     counts: dict[str, list[Any]] = {}  # name -> [count, function]
-    for k, arg in dsk.items():
+    for k, arg in todo:
         t: Any = None
         if type(arg) is Task:  # already converted (a Blockwise block): kept as it is
             new_dsk[k] = arg
@@ -67,6 +76,7 @@ def convert_legacy_graph(
         if t is None:
             t = convert_legacy_task(k, arg, all_keys)
             if isinstance(t, Alias) and t.target == k:
+                new_dsk.pop(k, None)
                 continue
             if not isinstance(t, GraphNode):
                 t = DataNode(k, t)

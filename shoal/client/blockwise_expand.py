@@ -449,7 +449,7 @@ def _direct_builder(
     (``Task.__init__`` looks at every argument; here only those that can bring a
     dependency, in the same order), if it builds ``made`` (a block built by Dask's
     constructor) slot for slot; else Dask's constructor."""
-    from dask._task_spec import GraphNode, Task, TaskRef, _no_deps
+    from dask._task_spec import DataNode, GraphNode, Task, TaskRef, _no_deps
 
     from shoal.client.reduction_expand import _same_slots
 
@@ -473,6 +473,8 @@ def _direct_builder(
         # order), over only those that can bring dependencies.
         deps: set | None = None
         for a in [*[args[i] for i in arg_places], *[kwargs[k] for k in kwarg_places]]:
+            if type(a) is DataNode and not a._dependencies:
+                continue  # (an io value, the usual per-block argument: nothing to add)
             if isinstance(a, TaskRef):
                 if deps is None:
                     deps = {a.key}

@@ -6,6 +6,7 @@ real cluster, sync's results."""
 from __future__ import annotations
 
 import operator
+from types import MappingProxyType
 from typing import Any
 
 import dask
@@ -179,3 +180,24 @@ def test_cull_of_a_materialized_layer_equals_dasks() -> None:
             assert got[1] == want[1]
             assert [list(v) for v in got[1].values()] == [list(v) for v in want[1].values()]
     assert reduction_expand.cull_materialized(HighLevelGraph({}, {}), set(), set()) is None
+
+
+def test_a_dict_of_tasks_and_legacy_values_converts_in_dasks_order() -> None:
+    """Tasks kept where they are, legacy values converted in their places, a value
+    naming its own key dropped: Dask's dict, in Dask's order (also not a dict)."""
+    from dask._task_spec import Task, TaskRef
+
+    dsk = {
+        ("t", 0): Task(("t", 0), operator.neg, 1),
+        ("a", 0): 1,
+        "self": "self",
+        ("t", 1): Task(("t", 1), operator.neg, TaskRef(("a", 0))),
+        ("r", 0): (sum, [("a", 0), ("t", 1)]),
+        ("a", 1): (operator.add, ("a", 0), 1),
+        ("t", 2): Task(("t", 2), operator.neg, TaskRef(("r", 0))),
+    }
+    want = dasks_convert(dsk)
+    assert "self" not in want
+    assert_same_graph(reduction_expand.convert_legacy_graph(dsk), want)
+    mapping = MappingProxyType(dsk)  # not a dict: the loop over every value
+    assert_same_graph(reduction_expand.convert_legacy_graph(mapping), want)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from typing import Any
 
 from shoal.client import dask_graph, reduction_expand
@@ -65,22 +66,26 @@ def materialize(
 def optimized_hlg(graph: Any, templates: dict[str, Template] | None = None) -> Any | None:
     """The ``HighLevelGraph`` that Dask's ``_HLGExprSequence._optimized_dsk`` gives for
     ``graph``, made with :func:`expand_layers`; None where this module does not apply."""
-    from dask import config
-    from dask._expr import HLGExpr, _HLGExprSequence
-    from dask.array.optimization import optimize as array_optimize
-    from dask.highlevelgraph import HighLevelGraph
-
-    if not _dask_internals_present():
+    # Dask's array optimiser exists only once dask.array is loaded: before, no graph is
+    # an array graph (a Delayed compute need not import dask.array). The cheap checks go
+    # first: most small computes are not array graphs (~15 µs saved per such compute).
+    array_optimize = getattr(sys.modules.get("dask.array.optimization"), "optimize", None)
+    if array_optimize is None or not _dask_internals_present():
         return None
+    from dask._expr import HLGExpr, _HLGExprSequence
+
     if type(graph) is not _HLGExprSequence or "_optimized_dsk" in graph.__dict__:
         return None
-    if config.get("optimization.fuse.active") is False:
-        return None  # Dask's optimiser then keeps the layers: nothing is materialised
     operands = graph.operands
     if not operands or not all(
         isinstance(op, HLGExpr) and op.low_level_optimizer is array_optimize for op in operands
     ):
         return None
+    from dask import config
+    from dask.highlevelgraph import HighLevelGraph
+
+    if config.get("optimization.fuse.active") is False:
+        return None  # Dask's optimiser then keeps the layers: nothing is materialised
     graphs: list[Any] = [
         _array_optimize(op.hlg, op.__dask_keys__(), templates) for op in operands
     ]

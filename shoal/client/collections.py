@@ -67,6 +67,8 @@ def submit_graph(
     layer_templates: dict[str, Any] = {}  # the expanded layers' templates, for the encoder
     with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
         dsk, by_type = materialize(graph, layer_templates)
+    if _single_task(dsk, asked):
+        return _submit_single_task(client, dsk, by_type, options)
     dsk = cull(dsk, asked)
     targets = alias_targets(dsk, asked) if follow_aliases else {}
     keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
@@ -105,33 +107,7 @@ def submit_graph(
     if data:
         ordered = [k for k in ordered if k not in data]
 
-    placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
-
-    def restrictions(annots: dict[str, Any]) -> m.TaskRestrictions | None:
-        # One check per distinct set of options (a layer's annotations are shared values),
-        # not one per task.
-        workers, resources = annots.get("workers"), annots.get("resources")
-        loose = annots.get("allow_other_workers", False)
-        if workers is None and resources is None and not loose:
-            return None
-        cache_key = (id(workers), loose, id(resources))
-        hit = placements.get(cache_key)
-        if hit is None:
-            made = task_restrictions(workers, loose, resources)
-            hit = placements[cache_key] = ((workers, resources), made)
-        return hit[1]
-
-    durations: dict[Any, float | None] = {}
-
-    def duration(annots: dict[str, Any]) -> float | None:
-        # dask.annotate(duration="4h"): parsed once per distinct value
-        value = annots.get("duration")
-        if value is None:
-            return None
-        key = value if isinstance(value, str | int | float) else id(value)
-        if key not in durations:
-            durations[key] = duration_hint(value, "the duration annotation")
-        return durations[key]
+    task_options = _TaskOptions()
 
     def parts() -> Iterator[list[m.TaskSpec]]:
         # Encoded part by part while earlier parts are on their way: the scheduler never
@@ -141,21 +117,15 @@ def submit_graph(
         same = not any(by_type.values()) and not any(map(callable, defaults.values()))
         options = None
         if same:
-            annots = annotations_for(None, by_type, defaults)  # type: ignore[arg-type]
-            options = (
-                int(annots.get("priority", 0)),
-                int(annots.get("retries", 0)),
-                restrictions(annots),
-                duration(annots),
-            )
+            options = task_options(annotations_for(None, by_type, defaults))  # type: ignore[arg-type]
         task_spec = encoder.task_spec
         for start in range(0, max(len(ordered), 1), PART_SIZE):
             part = []
             for key in ordered[start : start + PART_SIZE]:
                 if options is None:
-                    annots = annotations_for(key, by_type, defaults)
-                    priority, retries = int(annots.get("priority", 0)), int(annots.get("retries", 0))
-                    restricted, hint = restrictions(annots), duration(annots)
+                    priority, retries, restricted, hint = task_options(
+                        annotations_for(key, by_type, defaults)
+                    )
                 else:
                     priority, retries, restricted, hint = options
                 spec = task_spec(
@@ -171,6 +141,84 @@ def submit_graph(
     futures = dict(zip(keys, client._submit_parts(parts(), keys)))
     del data  # released after the graph that depends on them (the outbox keeps order)
     return {k: futures[targets.get(k, k)] for k in asked}
+
+
+class _TaskOptions:
+    """A task's ``(priority, retries, restrictions, duration)`` from its annotations;
+    restrictions checked once per distinct set of options (a layer's annotations are
+    shared values) and durations parsed once per distinct value, not once per task."""
+
+    def __init__(self) -> None:
+        self._placements: dict[tuple, tuple[Any, m.TaskRestrictions | None]] = {}
+        self._durations: dict[Any, float | None] = {}
+
+    def __call__(
+        self, annots: dict[str, Any]
+    ) -> tuple[int, int, m.TaskRestrictions | None, float | None]:
+        priority, retries = int(annots.get("priority", 0)), int(annots.get("retries", 0))
+        return priority, retries, self._restrictions(annots), self._duration(annots)
+
+    def _restrictions(self, annots: dict[str, Any]) -> m.TaskRestrictions | None:
+        workers, resources = annots.get("workers"), annots.get("resources")
+        loose = annots.get("allow_other_workers", False)
+        if workers is None and resources is None and not loose:
+            return None
+        cache_key = (id(workers), loose, id(resources))
+        hit = self._placements.get(cache_key)
+        if hit is None:  # (the values are kept too: their ids stay theirs)
+            made = task_restrictions(workers, loose, resources)
+            hit = self._placements[cache_key] = ((workers, resources), made)
+        return hit[1]
+
+    def _duration(self, annots: dict[str, Any]) -> float | None:
+        # dask.annotate(duration="4h")
+        value = annots.get("duration")
+        if value is None:
+            return None
+        key = value if isinstance(value, str | int | float) else id(value)
+        if key not in self._durations:
+            self._durations[key] = duration_hint(value, "the duration annotation")
+        return self._durations[key]
+
+
+# ------------------------------------------------------- a graph of one task (small graphs)
+
+
+def _single_task(dsk: dict[Key, Any], asked: list[Key]) -> bool:
+    """Whether the graph is one task, the one key asked for, depending on nothing (e.g.
+    ``delayed(f)(1, 2).compute()``). Then submit_graph's general steps are provably
+    no-ops: nothing to cull, no alias to follow or skip (the one node is kept, as asked
+    for), no dependency to check nor cycle to find, one order, and no graph data to
+    place (a key asked for always stays a task)."""
+    if len(dsk) != 1 or len(asked) != 1:
+        return False
+    node = dsk.get(asked[0])
+    return node is not None and not node.dependencies
+
+
+def _submit_single_task(
+    client: Client,
+    dsk: dict[Key, Any],
+    by_type: dict[str, dict[Key, Any]],
+    options: dict[str, Any] | None,
+) -> dict[Key, Future]:
+    """``submit_graph`` for a graph that :func:`_single_task` accepts: the same task spec
+    (annotations, shuffle mark, duration) and submission, without the general steps."""
+    import dask
+
+    ((key, node),) = dsk.items()
+    defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
+    encoder = client._graph_encoder()
+    encoder.start_graph(None, templates=False)  # one task: no layer to share a template
+    priority, retries, restricted, hint = _TaskOptions()(annotations_for(key, by_type, defaults))
+    spec = encoder.task_spec(key, node, priority=priority, retries=retries, restrictions=restricted)
+    marks = shuffle_dask.shuffle_marks(dsk)
+    if marks:
+        spec.shuffle = marks.get(key)
+    if hint is not None:
+        spec.duration = hint
+    (future,) = client._submit_parts(iter(([spec],)), [key])
+    return {key: future}
 
 
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:

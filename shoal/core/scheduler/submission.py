@@ -142,9 +142,11 @@ class Submission:
         recs: Recs = {}
         errs: Recs = {}
         unsent_of: dict[int, list[str]] = {}  # by id of the shared function ids
+        linked = False  # whether any new task depends on another task
         for ts, deps in new:
             missing = []
             if deps:
+                linked = True
                 found = []
                 for dk in deps:
                     dts = tasks.get(dk)
@@ -177,7 +179,8 @@ class Submission:
                 errs[ts] = "erred"
             else:
                 recs[ts] = "waiting"
-        self._refuse_cycles([ts for ts, _ in new], recs, errs)
+        if linked:  # (a cycle needs dependencies: independent tasks, often one, have none)
+            self._refuse_cycles([ts for ts, _ in new], recs, errs)
         del new
         if cs.partial is None and not msg.more:  # a graph in one message
             self._want_submitted(cs, msg.wanted, recs, errs, stimulus_id)

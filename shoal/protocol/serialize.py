@@ -409,20 +409,21 @@ def _unpickle(
     resolve_func: Callable[[str], Any] | None,
     slots: list[Any] | None = None,
 ) -> Any:
+    if resolve_key is None:  # nothing to resolve: the same load, without a file object
+        return pickle.loads(data, buffers=buffers)
     unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
-    if resolve_key is not None:
 
-        def persistent_load(pid: Any) -> Any:
-            kind, ref = pid
-            if kind == "s" and slots is not None:
-                return slots[ref]
-            if kind == "k":
-                return resolve_key(tuple(ref) if isinstance(ref, list) else ref)
-            if kind == "f" and resolve_func is not None:
-                return resolve_func(ref)
-            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+    def persistent_load(pid: Any) -> Any:
+        kind, ref = pid
+        if kind == "s" and slots is not None:
+            return slots[ref]
+        if kind == "k":
+            return resolve_key(tuple(ref) if isinstance(ref, list) else ref)
+        if kind == "f" and resolve_func is not None:
+            return resolve_func(ref)
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
-        unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
+    unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
     return unpickler.load()
 
 
@@ -482,7 +483,48 @@ def dumps_value(obj: Any) -> tuple[Payload, list[memoryview]]:
             return Payload(MSGPACK, _mp_encoder.encode(obj)), []
         except (OverflowError, UnicodeEncodeError, msgspec.EncodeError):
             pass
+    if _plain_numpy(obj):
+        return _pickle_plain(obj)
     return _pickle(obj)
+
+
+# NumPy dtype kinds whose arrays and scalars reduce to NumPy's own functions and plain
+# values only (no object, structured or user-defined dtype: those may name classes that
+# only cloudpickle can send by value).
+_NUMPY_PLAIN_KINDS = frozenset("biufcmMSU")
+
+
+def _plain_numpy(obj: Any) -> bool:
+    """Whether ``obj`` is a NumPy array (not a subclass) or scalar of a builtin dtype:
+    the C pickler writes the very bytes cloudpickle would, several times faster (no
+    ``reducer_override`` call per object), as numpy reduces it by itself."""
+    t = type(obj)
+    if t.__module__ != "numpy":  # ndarray, float64, int64, ... (not numpy.ma, matrix)
+        return False
+    np = sys.modules["numpy"]
+    if t is not np.ndarray and not issubclass(t, np.generic):
+        return False
+    dtype = obj.dtype
+    return type(dtype).__module__ == "numpy.dtypes" and dtype.kind in _NUMPY_PLAIN_KINDS
+
+
+def _pickle_plain(obj: Any) -> tuple[Payload, list[memoryview]]:
+    """``_pickle(obj)`` for an object the C pickler reduces as cloudpickle does."""
+    buffers: list[memoryview] = []
+
+    def buffer_callback(pb: pickle.PickleBuffer) -> bool:
+        raw = pb.raw()
+        if raw.nbytes < _OOB_THRESHOLD:
+            return True
+        buffers.append(raw)
+        return False
+
+    f = io.BytesIO()
+    try:
+        pickle.Pickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    except Exception as e:
+        raise SerializationError(f"cannot serialise {type(obj).__name__}: {e}") from e
+    return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
 
 
 def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> Any:

@@ -19,6 +19,7 @@ reused while the nodes are the same objects; a node is then called directly, wit
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import is_
 from typing import Any
 
 _DASK_MODULE = "dask._task_spec"
@@ -53,14 +54,16 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
     # shoal/protocol/template_plan.py): its chain and calls are worked out once, keyed
     # by the output node, and reused while every node is the very same object (dask's
     # nodes are immutable).
-    # id(output node) -> (output node, its key, steps): shared chains, and the last few
-    # chains met once
-    chains: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
-    met_once: dict[int, tuple[Any, Any, list[tuple[Any, Any, Any]]]] = {}
+    # id(output node) -> (output node, its key, keys, nodes, steps): shared chains, and
+    # the last few chains met once. ``keys``/``nodes`` are the chain's in order, for
+    # checking a task's subgraph against it in C (no Python call per node).
+    chains: dict[int, tuple[Any, Any, tuple, tuple, list[tuple[Any, Any, Any]]]] = {}
+    met_once: dict[int, tuple[Any, Any, tuple, tuple, list[tuple[Any, Any, Any]]]] = {}
 
-    def direct_call(node: Any) -> tuple[Any, tuple, dict] | None:
+    def direct_call(node: Any) -> tuple[Any, tuple, dict | None] | None:
         """``node``'s function and its arguments as ``(is a reference, key or value)``
-        when ``Task.__call__`` would only look its references up; else None."""
+        (keyword arguments: None when there are none) when ``Task.__call__`` would only
+        look its references up; else None."""
         if type(node) is not Task:
             return None
         items = [*node.args, *node.kwargs.values()]
@@ -73,7 +76,7 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
         kwargs = {
             k: ((True, a.key) if type(a) is TaskRef else (False, a)) for k, a in node.kwargs.items()
         }
-        return node.func, args, kwargs
+        return node.func, args, kwargs or None
 
     def steps_of(inner_dsk: Any, outkey: Any) -> list[tuple[Any, Any, Any]] | None:
         out = inner_dsk.get(outkey) if type(inner_dsk) is dict else None
@@ -81,13 +84,13 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
         if hit is None:
             hit = met_once.get(id(out))
         if hit is not None and hit[0] is out and hit[1] == outkey:
-            steps = hit[2]
-            if len(steps) == len(inner_dsk) and all(inner_dsk.get(k) is n for k, n, _ in steps):
+            _, _, keys, nodes, steps = hit
+            if len(keys) == len(inner_dsk) and all(map(is_, map(inner_dsk.get, keys), nodes)):
                 if id(out) not in chains:  # met again: shared, worth direct calls
                     steps = [(k, n, direct_call(n)) for k, n, _ in steps]
                     if len(chains) >= _MAX_CACHED_CHAINS:
                         chains.clear()
-                    chains[id(out)] = (out, outkey, steps)
+                    chains[id(out)] = (out, outkey, keys, nodes, steps)
                 return steps
         order = chain_order(inner_dsk, outkey)
         if order is None:
@@ -97,7 +100,7 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
         steps = [(k, inner_dsk[k], None) for k in order]
         if len(met_once) >= _MAX_MET_ONCE:
             met_once.clear()
-        met_once[id(out)] = (out, outkey, steps)
+        met_once[id(out)] = (out, outkey, tuple(order), tuple(n for _, n, _ in steps), steps)
         return steps
 
     def execute_subgraph(inner_dsk: Any, outkey: Any, inkeys: Any, *dependencies: Any) -> Any:
@@ -112,7 +115,8 @@ def make_chain_runner(fallback: Callable[..., Any]) -> Callable[..., Any]:
                 func, spec, kwspec = direct
                 try:  # a missing value: the node's own call raises dask's error
                     args = [values[a] if ref else a for ref, a in spec]
-                    kwargs = {k: values[a] if ref else a for k, (ref, a) in kwspec.items()}
+                    if kwspec is not None:
+                        kwargs = {k: values[a] if ref else a for k, (ref, a) in kwspec.items()}
                 except KeyError:
                     args = None
             if args is None:

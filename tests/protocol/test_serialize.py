@@ -451,6 +451,73 @@ def test_dumps_value_other_is_pickle(value):
     assert_same(loads_value(payload), value)
 
 
+_PLAIN_NUMPY = [
+    np.ones(1).sum(keepdims=True),
+    np.arange(12).reshape(3, 4).T,  # not contiguous
+    np.arange(10)[::3],
+    np.array(["a", "bc"]),
+    np.array([b"x"]),
+    np.array([1 + 2j]),
+    np.array(["2020-01-01"], dtype="datetime64[D]"),
+    np.array([True, False]),
+    np.float64(2.5),
+    np.int8(-3),
+    np.timedelta64(5, "s"),
+    np.random.default_rng(3).random(20_000),  # out of band
+]
+
+
+@pytest.mark.parametrize("value", _PLAIN_NUMPY, ids=lambda v: f"{type(v).__name__}-{v.dtype}")
+def test_plain_numpy_values_are_pickled_as_cloudpickle_does(value):
+    payload, buffers = dumps_value(value)
+    old_payload, old_buffers = s._pickle(value)  # cloudpickle's own
+    assert payload == old_payload
+    assert [bytes(b) for b in buffers] == [bytes(b) for b in old_buffers]
+    assert_same(loads_value(payload, buffers), value)
+
+
+def test_plain_numpy_values_skip_cloudpickle(monkeypatch):
+    def no_cloudpickle(*args, **kwargs):
+        raise AssertionError("cloudpickle used for a plain numpy value")
+
+    monkeypatch.setattr(s.cloudpickle, "Pickler", no_cloudpickle)
+    for value in _PLAIN_NUMPY:
+        assert_same(loads_value(*dumps_value(value)), value)
+
+
+class _MyArray(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([lambda x: x + 1, 2], dtype=object),  # only cloudpickle sends a lambda
+        np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
+        np.arange(3).view(_MyArray),
+        np.ma.masked_array([1, 2], mask=[0, 1]),
+    ],
+    ids=["object", "structured", "subclass", "masked"],
+)
+def test_other_numpy_values_still_go_through_cloudpickle(value, monkeypatch):
+    used = []
+    real = s.cloudpickle.Pickler
+
+    def counting(*args, **kwargs):
+        used.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s.cloudpickle, "Pickler", counting)
+    payload, buffers = dumps_value(value)
+    assert used
+    back = loads_value(payload, buffers)
+    assert type(back) is type(value)
+    if value.dtype == object:
+        assert back[0](1) == 2 and back[1] == 2
+    else:
+        np.testing.assert_array_equal(back, value)
+
+
 def test_large_array_travels_out_of_band():
     arr = np.random.default_rng(1).random((300, 300))
     payload, buffers = dumps_value(arr)

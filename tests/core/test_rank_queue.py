@@ -60,9 +60,42 @@ def test_pushes_in_order_or_reverse_order_stay_out_of_the_heap() -> None:
     queue.push(tasks[7])
     queue.push(tasks[0])
     assert not queue._heap
-    queue.push(tasks[6])  # inside the run's range: the heap
-    assert len(queue._heap) == 1
+    queue.push(tasks[6])  # inside the run's range: settled at the next pop
     assert [queue.pop().key for _ in range(8)] == [f"t-{i}" for i in range(8)]
     queue.push(tasks[3])
     queue.clear()
     assert not queue and list(queue) == []
+
+
+def test_a_graph_in_parts_is_merged_into_the_run_not_heaped() -> None:
+    """The roots of a graph in parts: each part ranks after the one before, and its
+    roots are pushed part by part from the last, each part's in reverse, so after the
+    first part nearly every push falls inside the run's range. They are sorted into the
+    run at the first pop, not pushed on the heap one by one."""
+    tasks = _tasks(400)
+    parts = [tasks[i : i + 100] for i in range(0, 400, 100)]
+    queue = RankQueue()
+    for part in reversed(parts):
+        for ts in reversed(part[1::2]):
+            queue.push(ts)
+        for ts in part[::2]:  # the rest of the part, in rank order
+            queue.push(ts)
+    assert len(queue) == 400
+    assert queue.peek() is tasks[0]
+    assert not queue._heap
+    assert [queue.pop() for _ in range(400)] == tasks
+    assert not queue
+
+
+def test_a_few_pushes_inside_the_run_go_to_the_heap() -> None:
+    """A task queued again now and then does not copy a long run: it joins the heap."""
+    tasks = _tasks(200)
+    queue = RankQueue()
+    for ts in tasks[::2]:
+        queue.push(ts)
+    queue.push(tasks[51])
+    queue.push(tasks[51])  # queued twice (its first entry stale): popped twice too
+    assert queue.pop() is tasks[0]
+    assert len(queue._heap) == 2
+    popped = [queue.pop() for _ in range(len(queue))]
+    assert popped == sorted([*tasks[2::2], tasks[51], tasks[51]], key=lambda t: t.rank)

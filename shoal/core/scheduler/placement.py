@@ -367,7 +367,7 @@ class Placement:
             self.transition_counter += 1
             self._transition_queued_processing(ts, stimulus_id, ws=ws)
             follow = None
-            if self._is_free(ws):
+            if ws in self.free_workers:  # (_add_processing just took it out if not free)
                 if self.transfer_latency:
                     follow, last = ws, ts
                 else:

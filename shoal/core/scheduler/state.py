@@ -38,6 +38,7 @@ from shoal.core.scheduler.model import (
     added,
     discarded,
     key_split,
+    rank_priority,
 )
 from shoal.core.scheduler.output import OutputRouting
 from shoal.core.scheduler.packing import Packing
@@ -351,9 +352,10 @@ class SchedulerState(
                 ws.known_functions.add(func)
                 self.comm.send_worker(ws.address, m.FunctionDefs({func: self.functions[func]}))
         else:
-            new = {fid: self.functions[fid] for fid in func if fid not in ws.known_functions}
-            if new:
-                ws.known_functions.update(new)
+            known = ws.known_functions
+            if not known.issuperset(func):  # (usually: checked without building a dict)
+                new = {fid: self.functions[fid] for fid in func if fid not in known}
+                known.update(new)
                 self.comm.send_worker(ws.address, m.FunctionDefs(new))
             func = func[0]
         deps = [
@@ -371,7 +373,7 @@ class SchedulerState(
                 ts.key,
                 func,
                 ts.payload,
-                ts.priority,
+                rank_priority(ts.rank),  # ts.priority, without the property's call
                 deps,
                 stimulus_id,
                 resources,

@@ -96,7 +96,8 @@ class Walltime:
         recent = prefix.recent_duration
         if recent is None:
             return UNKNOWN_DURATION
-        return min(recent, prefix.duration_sum / prefix.duration_count)
+        mean = prefix.duration_sum / prefix.duration_count
+        return mean if mean < recent else recent  # min(), without its call (per task)
 
     def _time_left(self, ws: WorkerRecord) -> float:
         """Seconds ``ws`` has left for a new task (negative past its deadline, -inf

@@ -233,6 +233,20 @@ def _pickled_by_reference(obj: Any) -> bool:
     return verdict
 
 
+def _out_of_band(buffers: list[memoryview]) -> Callable[[pickle.PickleBuffer], bool]:
+    """A pickler's ``buffer_callback``: large buffers appended to ``buffers`` (sent out
+    of band), small ones left in the pickle."""
+
+    def buffer_callback(pb: pickle.PickleBuffer) -> bool:
+        raw = pb.raw()
+        if raw.nbytes < _OOB_THRESHOLD:
+            return True
+        buffers.append(raw)
+        return False
+
+    return buffer_callback
+
+
 def _pickle(
     obj: Any,
     ref_types: dict[type, Callable[[Any], Key]] | None = None,
@@ -251,15 +265,9 @@ def _pickle(
     reference as plain pickle does, at several times cloudpickle's speed. Whatever it
     cannot handle is pickled again by cloudpickle."""
     buffers: list[memoryview] = []
+    buffer_callback = _out_of_band(buffers)
     ndeps = len(deps) if deps is not None else 0
     nfuncs = len(funcs) if funcs is not None else 0
-
-    def buffer_callback(pb: pickle.PickleBuffer) -> bool:
-        raw = pb.raw()
-        if raw.nbytes < _OOB_THRESHOLD:
-            return True
-        buffers.append(raw)
-        return False
 
     def persistent_id(o: Any) -> Any:
         t = type(o)
@@ -511,13 +519,7 @@ def _plain_numpy(obj: Any) -> bool:
 def _pickle_plain(obj: Any) -> tuple[Payload, list[memoryview]]:
     """``_pickle(obj)`` for an object the C pickler reduces as cloudpickle does."""
     buffers: list[memoryview] = []
-
-    def buffer_callback(pb: pickle.PickleBuffer) -> bool:
-        raw = pb.raw()
-        if raw.nbytes < _OOB_THRESHOLD:
-            return True
-        buffers.append(raw)
-        return False
+    buffer_callback = _out_of_band(buffers)
 
     f = io.BytesIO()
     try:

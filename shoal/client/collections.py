@@ -60,8 +60,6 @@ def submit_graph(
     With ``follow_aliases`` (``get``: only values go back), a key that merely names
     another (an ``Alias``) is not a task: its future is the named key's, which saves a
     scheduler round trip per compute."""
-    import dask
-
     asked = list(dict.fromkeys(keys))
     shuffle_dask.install()
     layer_templates: dict[str, Any] = {}  # the expanded layers' templates, for the encoder
@@ -81,7 +79,7 @@ def submit_graph(
     if unknown:
         raise ValueError(f"keys neither in the graph nor held by this client: {unknown[:20]!r}")
     index = check_graph(dsk, held.__contains__)  # the graph on positions, for its order too
-    defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
+    defaults = _annotation_defaults(options)
     encoder = client._graph_encoder()
     # A layer's template pays off from its second task on: a graph this small has no
     # layers to share one, and making and consulting the cache per compute would cost
@@ -141,6 +139,14 @@ def submit_graph(
     futures = dict(zip(keys, client._submit_parts(parts(), keys)))
     del data  # released after the graph that depends on them (the outbox keeps order)
     return {k: futures[targets.get(k, k)] for k in asked}
+
+
+def _annotation_defaults(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The annotations every task of a submission has unless its layer says otherwise:
+    ``dask.annotate``'s, then ``compute``'s options that are set."""
+    import dask
+
+    return {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
 
 
 class _TaskOptions:
@@ -204,10 +210,8 @@ def _submit_single_task(
 ) -> dict[Key, Future]:
     """``submit_graph`` for a graph that :func:`_single_task` accepts: the same task spec
     (annotations, shuffle mark, duration) and submission, without the general steps."""
-    import dask
-
     ((key, node),) = dsk.items()
-    defaults = {**dask.get_annotations(), **{k: v for k, v in (options or {}).items() if v}}
+    defaults = _annotation_defaults(options)
     encoder = client._graph_encoder()
     encoder.start_graph(None, templates=False)  # one task: no layer to share a template
     priority, retries, restricted, hint = _TaskOptions()(annotations_for(key, by_type, defaults))

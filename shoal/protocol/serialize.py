@@ -519,14 +519,11 @@ def _plain_numpy(obj: Any) -> bool:
 def _pickle_plain(obj: Any) -> tuple[Payload, list[memoryview]]:
     """``_pickle(obj)`` for an object the C pickler reduces as cloudpickle does."""
     buffers: list[memoryview] = []
-    buffer_callback = _out_of_band(buffers)
-
-    f = io.BytesIO()
     try:
-        pickle.Pickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+        data = pickle.dumps(obj, protocol=5, buffer_callback=_out_of_band(buffers))
     except Exception as e:
         raise SerializationError(f"cannot serialise {type(obj).__name__}: {e}") from e
-    return Payload(PICKLE, f.getvalue(), len(buffers)), buffers
+    return Payload(PICKLE, data, len(buffers)), buffers
 
 
 def loads_value(payload: Payload, buffers: list[memoryview] | None = None) -> Any:

@@ -35,7 +35,10 @@ machine's load falls on both alike. Two modes:
   without running it) are started and "zero-work finish s" is the time from starting
   them to the result: the scheduler's own cost of running the graph it holds.
 * workers: two real worker processes with one thread each; "end-to-end s" from the
-  ``client.compute`` call to the result in the client, the result checked.
+  ``client.compute`` call to the result in the client, the result checked. "workers
+  CPU µs/task" is both workers' CPU time over that window (their threads' schedstat)
+  over the task count, "sched CPU µs/task" the scheduler's: what a graph costs each
+  side, less sensitive to a shared machine's load than the wall-clock time.
 
 Where the client's time goes (shoal): simple timers in this process around dask's
 graph materialisation (``shoal.client.collections.materialize``: lowering the
@@ -214,6 +217,8 @@ class Run:
     peak_reset: bool = True
     finish_s: float | None = None  # zero (shoal): finishing on --zero workers
     end_to_end_s: float | None = None  # workers: compute call to checked result
+    workers_cpu_s: float | None = None  # workers: both workers' CPU over end_to_end_s
+    sched_run_cpu_s: float | None = None  # workers: the scheduler's CPU over end_to_end_s
     phases: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
@@ -224,6 +229,20 @@ class Run:
     @property
     def bytes_per_task(self) -> float | None:
         return None if self.peak_bytes is None or not self.tasks else self.peak_bytes / self.tasks
+
+    def per_task_us(self, attr: str) -> float | None:
+        """``attr`` (CPU seconds) per task of the graph, in µs (the size where the exact
+        count is unknown)."""
+        cpu = getattr(self, attr)
+        return None if cpu is None else cpu / (self.tasks or self.size) * 1e6
+
+    @property
+    def workers_us_per_task(self) -> float | None:
+        return self.per_task_us("workers_cpu_s")
+
+    @property
+    def sched_run_us_per_task(self) -> float | None:
+        return self.per_task_us("sched_run_cpu_s")
 
     @property
     def ingest_rate(self) -> float | None:
@@ -335,11 +354,15 @@ def run_workers(cluster: Cluster, run: Run, k: int, timeout: float) -> Any:
     gc.collect()
     timers = PhaseTimers() if run.system == "shoal" else contextlib.nullcontext()
     with timers:
+        sched_before, workers_before = cluster.cpu_snapshot()
         t0 = time.perf_counter()
         fut = cluster.call(lambda: client.compute(collection), timeout)
         run.client_s = time.perf_counter() - t0
         result = cluster.call(lambda: fut.result(), max(1.0, timeout - run.client_s))
         run.end_to_end_s = time.perf_counter() - t0
+        sched_after, workers_after = cluster.cpu_snapshot()
+    run.sched_run_cpu_s = cpu_delta(sched_before, sched_after)[0]
+    run.workers_cpu_s = cpu_delta(workers_before, workers_after)[0]
     if isinstance(timers, PhaseTimers):
         run.phases = dict(timers.seconds)
         run.tasks = timers.tasks
@@ -429,6 +452,11 @@ def summary_line(run: Run) -> str:
         parts.append(f"zero-work finish {run.finish_s:.2f} s")
     if run.end_to_end_s is not None:
         parts.append(f"end-to-end {run.end_to_end_s:.2f} s")
+    if run.workers_us_per_task is not None and run.sched_run_us_per_task is not None:
+        parts.append(
+            f"CPU/task: workers {run.workers_us_per_task:.0f} µs, "
+            f"scheduler {run.sched_run_us_per_task:.0f} µs"
+        )
     return ", ".join(parts)
 
 
@@ -517,7 +545,7 @@ def workers_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[
             why = t.status(s, "workers", size, stopped)
             if why is not None:
                 if why != "not run":
-                    rows.append([size_label(size), s, why, "—", "—"])
+                    rows.append([size_label(size), s, why, "—", "—", "—", "—"])
                 continue
             rows.append(
                 [
@@ -526,6 +554,8 @@ def workers_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[
                     t.tasks(s, "workers", size) if s == "shoal" else t.tasks(s, "zero", size),
                     _fmt(t.median(s, "workers", size, "client_s")),
                     _fmt(t.median(s, "workers", size, "end_to_end_s")),
+                    _fmt(t.median(s, "workers", size, "workers_us_per_task"), 0),
+                    _fmt(t.median(s, "workers", size, "sched_run_us_per_task"), 0),
                 ]
             )
     return rows
@@ -652,7 +682,15 @@ def render(
         tables += ["## Zero workers (scheduler only)", "", *_table(header, zr), ""]
     wr = workers_rows(t, systems, stopped) if "workers" in args.modes else []
     if wr:
-        header = ["size", "system", "tasks", "client s", "end-to-end s"]
+        header = [
+            "size",
+            "system",
+            "tasks",
+            "client s",
+            "end-to-end s",
+            "workers CPU µs/task",
+            "sched CPU µs/task",
+        ]
         tables += ["## Two workers, one thread each", "", *_table(header, wr), ""]
     rr = ratio_rows(t) if "shoal" in systems and "dask" in systems else []
     if rr:

@@ -432,19 +432,26 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
 
     def _on_scheduler_frame(self, conn: Connection, frame: Frame) -> None:
         events: list[Any] = []
+        lifetime, wanted = self.lifetime, self._inline_results
         for msg in frame.messages:
-            if type(msg) is m.ComputeTask and not self.lifetime.accept():
-                refuse(self, msg)
+            if type(msg) is m.ComputeTask:  # most messages: tested first, once
+                if not lifetime.accept():
+                    refuse(self, msg)
+                elif msg.shuffle is not None:
+                    self.shuffle.on_compute(msg)
+                    if events:  # e.g. the ReleaseCompute of its older run's execution
+                        self._handle(events)
+                        events = []
+                    self._compute_shuffle_task(msg)
+                else:
+                    wanted.note(msg)
+                    if self._deferred:
+                        self._undefer(msg)
+                    events.append(msg)
             elif type(msg) is m.FunctionDefs:
                 self.functions.add(msg.functions)
-            elif type(msg) is m.ComputeTask and msg.shuffle is not None:
-                self.shuffle.on_compute(msg)
-                if events:  # e.g. the ReleaseCompute of its older run's execution
-                    self._handle(events)
-                    events = []
-                self._compute_shuffle_task(msg)
             elif type(msg) in _SCHEDULER_EVENTS:
-                self._inline_results.note(msg)
+                wanted.note(msg)
                 if self._deferred and type(msg) in _TAKE_BACK:
                     self._undefer(msg)
                 events.append(msg)
@@ -570,13 +577,19 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 self._push_result(event)
             return
         queued = self._task_threads.queued
-        on_loop = self.tiny_tasks_on_loop
+        # Only a loaded function of LOOP_SAFE_FUNCTIONS may run on the loop: for any
+        # other (nearly every task) one dict lookup, no call, decides.
+        loaded = self._loaded_functions if self.tiny_tasks_on_loop else None
         items = []
         for key in keys:
             ts = tasks[key]
             run_spec = ts.run_spec
             assert run_spec is not None
-            if on_loop and self._run_on_loop(key, ts, run_spec):
+            if (
+                loaded is not None
+                and loop_safe_function(loaded.get(run_spec[0]))
+                and self._run_on_loop(key, ts, run_spec)
+            ):
                 continue
             items.append((key, run_spec[0], run_spec[1], queued(key)))
         if not items:
@@ -593,7 +606,7 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         assert self.state is not None
         func_id, payload = run_spec
         func = self._loaded_functions.get(func_id)
-        if not loop_safe_function(func):  # most tasks: nothing more is looked at
+        if not loop_safe_function(func):
             return False
         data = self.state.data
         resolve = data.__getitem__

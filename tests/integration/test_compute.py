@@ -281,6 +281,46 @@ def test_a_request_after_a_release_sees_the_release(client: Client) -> None:
         assert key not in {k for keys in client.has_what().values() for k in keys}
 
 
+def test_a_direct_write_never_overtakes_what_waits_in_the_outbox(client: Client) -> None:
+    """A small submission from the calling thread is written straight on the socket
+    only when nothing waits in the client's outbox: here the release of the same key
+    waits there (the loop is held busy), so the resubmission must queue behind it, or
+    the scheduler would see it first and the release would drop the key it brings back."""
+    from shoal.comm.connection import Connection
+
+    future = client.submit(inc, 1, key="outbox-order")
+    assert future.result(timeout=10) == 2
+    direct: list[str] = []
+    write_direct = Connection.write_direct
+
+    def counting(self: Connection, msgs: list) -> bool:
+        done = write_direct(self, msgs)
+        if done:
+            direct.append(type(msgs[0]).__name__)
+        return done
+
+    loop_busy, go_on = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        loop_busy.set()
+        go_on.wait(10)
+
+    Connection.write_direct = counting  # type: ignore[method-assign]
+    try:
+        client._loop.call_soon_threadsafe(hold_the_loop)
+        assert loop_busy.wait(10)
+        del future  # its ReleaseKeys waits in the outbox: the loop cannot write it
+        assert client._outbox, "the release should be waiting in the outbox"
+        again = client.submit(inc, 1, key="outbox-order")
+        go_on.set()
+        assert again.result(timeout=10) == 2
+    finally:
+        go_on.set()
+        Connection.write_direct = write_direct  # type: ignore[method-assign]
+    assert direct == []  # the submission went through the outbox, behind the release
+    assert "outbox-order" in {k for keys in client.has_what().values() for k in keys}
+
+
 def test_caller_threads_writing_directly_and_the_loop_keep_each_threads_order(
     client: Client,
 ) -> None:

@@ -351,7 +351,7 @@ class Placement:
         last: TaskState | None = None
         while queue and (free or follow is not None):
             ts = queue.pop()
-            if ts.state != "queued":
+            if ts._state != "queued":
                 continue  # released while queued: a stale entry
             ws = None
             if follow is not None and last is not None:
@@ -365,7 +365,7 @@ class Placement:
                 ws = heapq.heappop(free)[2]
             self._record_transition((ts.key, "queued", "processing", stimulus_id))
             self.transition_counter += 1
-            self._transition_queued_processing(ts, stimulus_id, ws=ws)
+            self._transition_queued_processing(ts, stimulus_id, ws)
             follow = None
             if ws in self.free_workers:  # (_add_processing just took it out if not free)
                 if self.transfer_latency:

@@ -34,6 +34,14 @@ class WorkerReports:
             self, ts: TaskState, finish: str, stimulus_id: str, **kwargs: Any
         ) -> Recs: ...
         def _transitions(self, recs: Recs, stimulus_id: str) -> None: ...
+        def _transition_processing_memory(
+            self, ts: TaskState, stimulus_id: str, msg: m.TaskFinished
+        ) -> Recs: ...
+        def _record_transition(self, entry: tuple[Any, ...]) -> None: ...
+
+        _actor_ids: dict[Key, str]
+        transition_counter: int
+
         def _is_free(self, ws: WorkerRecord) -> bool: ...
         def _drained(self, ws: WorkerRecord, key: Key) -> bool: ...
         def _add_replica(self, ts: TaskState, ws: WorkerRecord, nbytes: int) -> None: ...
@@ -44,7 +52,8 @@ class WorkerReports:
 
     def _task_finished(self, ws: WorkerRecord, msg: m.TaskFinished) -> None:
         ts = self.tasks.get(msg.key)
-        if ts is not None and _earlier_run(ts, msg.run_id):
+        run_id = msg.run_id
+        if ts is not None and run_id != 0 and run_id != ts.run_id:  # _earlier_run, inlined
             return
         if ts is None or ts.processing_on is not ws:
             self._stale_result(ws, ts, msg.key, msg.nbytes, msg.stimulus_id)
@@ -54,8 +63,14 @@ class WorkerReports:
             # after them, and reports in order, so this result was not made from them.
             self.log.append((ts.key, "early-result", ws.address, msg.stimulus_id))
             return
-        recs = self._transition(ts, "memory", msg.stimulus_id, msg=msg)
-        self._transitions(recs, msg.stimulus_id)
+        sid = msg.stimulus_id
+        if self._actor_ids:
+            recs = self._transition(ts, "memory", sid, msg=msg)
+        else:  # processing on ``ws``, so "processing": _transition's work, without its dispatch
+            self._record_transition((ts.key, "processing", "memory", sid))
+            self.transition_counter += 1
+            recs = self._transition_processing_memory(ts, sid, msg)
+        self._transitions(recs, sid)
 
     def _task_seceded(self, ws: WorkerRecord, msg: m.TaskSeceded) -> None:
         """The task waits on others: its thread slot and expected time no longer count

@@ -132,7 +132,7 @@ def test_p2p_shuffle_tiny_tasks(tmp_path):
 @pytest.mark.timeout(150)
 def test_adaptive_shuffle_tiny(tmp_path):
     out = tmp_path / "adaptive.md"
-    args = ["--duration", "2", "--rows", "20000", "--gaps", "0.3", "--settle-timeout", "15"]
+    args = ["--duration", "2", "--rows", "20000", "--gaps", "0.3", "--settle-timeout", "5"]
     res = run_script("adaptive_shuffle.py", [*args, "--out", str(out)], 140)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = {r[0]: r for r in table(out.read_text(), "Results")}

@@ -1,7 +1,7 @@
 """Peer-to-peer shuffle of a dask dataframe: shoal P2P vs Dask P2P vs shoal "tasks".
 
     python benchmarks/p2p_shuffle.py [--size 10000000] [--runs 3]
-        [--systems dask-p2p,shoal-p2p,shoal-tasks] [--memory-limit auto]
+        [--systems dask-p2p,shoal-p2p,shoal-tasks] [--memory-limit auto] [--cluster-per op]
         [--out benchmarks/RESULTS-p2p-shuffle.md]
 
 Layout as in ``benchmarks/run.py``: per system one scheduler process and two worker
@@ -220,15 +220,21 @@ def system_for(variant: str, memory_limit: str | None) -> System:
 
 
 def one_round(variant: str, cells: dict[str, Cell], ref: sd.Reference, args: Any) -> None:
-    """One timed run of each operation, each on a fresh cluster after a warm-up of that
-    operation (so no peak RSS carries memory an earlier operation left in the process)."""
-    for op in OPS:
-        if cells[op].error:
-            continue
-        one_run(variant, op, cells, ref, args)
+    """One timed run of each operation, after a warm-up of that operation, each on a fresh
+    cluster (so no peak RSS carries memory an earlier operation left in the process), or
+    all on one cluster with ``--cluster-per system`` (fewer starts, for smoke tests)."""
+    ops = [op for op in OPS if not cells[op].error]
+    groups = [ops] if args.cluster_per == "system" else [[op] for op in ops]
+    for group in groups:
+        run_on_one_cluster(variant, group, cells, ref, args)
 
 
-def one_run(variant: str, op: str, cells: dict[str, Cell], ref: sd.Reference, args: Any) -> None:
+def run_on_one_cluster(
+    variant: str, ops: list[str], cells: dict[str, Cell], ref: sd.Reference, args: Any
+) -> None:
+    if not ops:
+        return
+    op = ops[0]
     cluster = Cluster(system_for(variant, args.memory_limit), timeout=args.startup_timeout)
     try:
         cluster.start()
@@ -237,14 +243,15 @@ def one_run(variant: str, op: str, cells: dict[str, Cell], ref: sd.Reference, ar
             if missing:
                 raise NotAvailable(missing)
         bench = Bench(variant, cluster, ref, args)
-        bench.one(op, min(WARM_ROWS, args.size), args.seed)
-        run = bench.one(op, args.size, args.seed)
-        cells[op].runs.append(run)
-        log(
-            f"   {variant:12} {op:10} {run.seconds:8.2f} s  peak RSS "
-            f"{' / '.join(f'{p / MB:,.0f}' for p in run.peaks)} MB  spilled "
-            f"{'—' if run.spilled is None else f'{run.spilled / MB:,.0f} MB'}"
-        )
+        for op in ops:
+            bench.one(op, min(WARM_ROWS, args.size), args.seed)
+            run = bench.one(op, args.size, args.seed)
+            cells[op].runs.append(run)
+            log(
+                f"   {variant:12} {op:10} {run.seconds:8.2f} s  peak RSS "
+                f"{' / '.join(f'{p / MB:,.0f}' for p in run.peaks)} MB  spilled "
+                f"{'—' if run.spilled is None else f'{run.spilled / MB:,.0f} MB'}"
+            )
     except NotAvailable as e:
         for cell in cells.values():
             cell.error = f"not available: {e}"
@@ -361,6 +368,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-limit", default="", help="workers' --memory-limit (default: theirs)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per client call")
     p.add_argument("--startup-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--cluster-per",
+        choices=("op", "system"),
+        default="op",
+        help="a fresh cluster per operation (default; no peak RSS carries an earlier "
+        "operation's memory) or one per system and round (fewer starts: smoke tests)",
+    )
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
@@ -387,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             one_round(v, mine, ref, args)
     settings = (
-        f"{args.runs} round(s), a fresh cluster per system and operation, warm-up at "
+        f"{args.runs} round(s), a fresh cluster per system"
+        f"{' and operation' if args.cluster_per == 'op' else ' (and round)'}, warm-up at "
         f"{min(WARM_ROWS, args.size):,} rows, seed {args.seed}, worker memory limit "
         f"{args.memory_limit or 'each system default'}; total time {time.monotonic() - t0:.0f} s; "
         f"load average (1/5/15 min) {load0} at start, {load_average()} at end"

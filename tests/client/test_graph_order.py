@@ -9,6 +9,7 @@ import pytest
 from dask._task_spec import DataNode, Task, TaskRef
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from benchmarks.order_memory import peak_memory
 from shoal.client.dask_graph import materialize
@@ -63,7 +64,7 @@ def dags(draw):
     return {k: deps[k] for k in order}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=sized(ci=60, full=200), deadline=None)
 @given(dags())
 def test_dependency_first_is_a_topological_order_of_every_key(deps_by_key):
     dsk = graph(deps_by_key)

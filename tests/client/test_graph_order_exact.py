@@ -10,6 +10,7 @@ import dask.array as da
 from dask._task_spec import TaskRef
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from shoal.client.graph_order import dependency_first
 from tests.client.test_graph_order import _f, array_graph, graph
@@ -100,7 +101,7 @@ def with_outside_refs(deps_by_key):
     return dsk
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=sized(ci=100, full=300), deadline=None)
 @given(dags())
 def test_same_order_as_the_key_based_walk_on_any_graph(deps_by_key):
     dsk = with_outside_refs(deps_by_key)
@@ -131,7 +132,7 @@ def maybe_cyclic(draw):
     }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=sized(ci=100, full=300), deadline=None)
 @given(maybe_cyclic())
 def test_check_graph_refuses_exactly_the_cyclic_graphs_naming_a_real_cycle(deps_by_key):
     import graphlib

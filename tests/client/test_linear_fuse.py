@@ -12,6 +12,7 @@ from dask._task_spec import fuse_linear_task_spec as dask_fuse
 from dask.core import flatten
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from shoal.client.linear_fuse import fuse_linear_task_spec
 
@@ -57,7 +58,7 @@ def graphs(draw: Any) -> tuple[dict, list]:
     return dsk, asked
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=sized(ci=120, full=400), deadline=None)
 @given(graphs())
 def test_random_graphs_fuse_as_dask_does(case: tuple[dict, list]) -> None:
     dsk, asked = case

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 from test_templates import Value, _resolved, array_graph, assert_same, collections_to_test, encode
 
 from shoal.client.dask_graph import Dep
@@ -183,7 +184,7 @@ def test_a_key_reference_in_the_template_is_resolved_per_task():
     assert tid in loader.planned
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=sized(ci=60, full=200), deadline=None)
 @given(st.data())
 def test_plans_give_what_the_pickle_path_gives_for_any_arguments(data):
     from test_templates import task_args

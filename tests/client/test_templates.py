@@ -15,6 +15,7 @@ import pytest
 from dask._task_spec import DataNode, Task, execute_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from shoal.client.dask_graph import Dep, GraphEncoder, materialize
 from shoal.client.graph_order import dependency_first
@@ -281,7 +282,7 @@ def task_args(draw):
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=sized(ci=60, full=200), deadline=None)
 @given(st.lists(task_args(), min_size=1, max_size=4))
 def test_template_decoding_equals_the_pickle_path_for_any_arguments(tasks):
     functions = FunctionTable()

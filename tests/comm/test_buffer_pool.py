@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from shoal.comm import buffer_pool
 from shoal.comm.buffer_pool import BufferPool, pool_bytes
@@ -152,7 +153,7 @@ def test_a_region_stays_lent_while_anything_rebuilt_from_it_lives(hold: Any) -> 
 
 
 @pytest.mark.timeout(300)  # 20 examples of up to 25 receives and collections
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=sized(ci=8, full=20), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["receive", "drop", "view", "drop_view"]), st.integers(0, 7)),

@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sizes import sized
 from test_cluster_property import Cluster, Value
 
 from shoal.core.worker.state import ExecuteSuccess, WorkerState
@@ -129,7 +130,7 @@ def scenarios(draw: Any) -> Scenario:
     return Scenario(deps, scales, pins, draw(st.integers(0, 2**32)))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=sized(ci=100, full=300), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(scenarios())
 def test_scaling_never_recomputes_and_never_hangs(sc: Scenario) -> None:
     keys = [f"t-{i}" for i in range(len(sc.deps))]

@@ -35,6 +35,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_harness import Sim
+from sizes import sized
 
 from shoal.core.worker.state import (
     Execute,
@@ -294,7 +295,7 @@ def key(i: int) -> str:
     return f"t-{i}"
 
 
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=sized(ci=300, full=1000), suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_failed_transfers_never_become_results(sc: Scenario) -> None:
     keys = [key(i) for i in range(len(sc.deps))]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sizes import sized
 
 from shoal.core.story import InvalidState, InvalidTransition
 from shoal.core.worker.state import (
@@ -644,7 +645,7 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
     assert sum(pending["gpus"][k] for k in threads) <= GPUS
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=sized(ci=100, full=300), suppress_health_check=[HealthCheck.too_slow])
 @given(
     graph=graphs(),
     data=st.data(),

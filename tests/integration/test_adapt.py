@@ -29,17 +29,30 @@ def test_adapt_from_zero_under_load_and_back_to_the_minimum(tmp_path):
         seen = [n_workers(client)]
         stop = threading.Event()
 
+        gate = tmp_path / "three-workers-seen"
+
         def watch() -> None:
             while not stop.is_set():
                 seen.append(n_workers(client))
+                if seen[-1] == 3:
+                    gate.touch()
                 time.sleep(0.05)
 
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            # 16 tasks of 0.3 s (4.8 s of work) in 1 s: more than the maximum of 3.
-            futures = client.map(record, range(16), path=path, seconds=0.3)
-            results = [f.result(timeout=30) for f in futures]
+            # 16 tasks of 0.3 s (4.8 s of work) in 1 s: more than the maximum of 3. Each
+            # task then waits until the watcher has seen 3 workers (for up to 20 s), so
+            # the load outlasts the start of new worker processes on a loaded machine.
+            futures = client.map(
+                record,
+                range(16),
+                path=path,
+                seconds=0.3,
+                gate=str(gate),
+                gate_deadline=time.time() + 20,
+            )
+            results = [f.result(timeout=40) for f in futures]
         finally:
             stop.set()
             watcher.join()

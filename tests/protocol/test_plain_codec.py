@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from sizes import sized
 
 from shoal.protocol import plain_codec
 from shoal.protocol.messages import Payload
@@ -99,7 +100,7 @@ extended_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=sized(ci=100, full=300), deadline=None)
 @given(st.lists(extended_values, max_size=4), st.dictionaries(st.text(max_size=5), extended_values))
 def test_tuples_numpy_scalars_and_dtypes_roundtrip_exactly_without_pickle(args, kwargs):
     payload, deps, back = roundtrip(tuple(args), kwargs)

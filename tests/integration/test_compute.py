@@ -8,9 +8,11 @@ single-threaded worker processes); each opens and closes its own ``Client``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -281,15 +283,12 @@ def test_a_request_after_a_release_sees_the_release(client: Client) -> None:
         assert key not in {k for keys in client.has_what().values() for k in keys}
 
 
-def test_a_direct_write_never_overtakes_what_waits_in_the_outbox(client: Client) -> None:
-    """A small submission from the calling thread is written straight on the socket
-    only when nothing waits in the client's outbox: here the release of the same key
-    waits there (the loop is held busy), so the resubmission must queue behind it, or
-    the scheduler would see it first and the release would drop the key it brings back."""
+@contextlib.contextmanager
+def counted_direct_writes() -> Iterator[list[str]]:
+    """The type of every message a calling thread wrote straight on a connection
+    (``Connection.write_direct``) while the block runs."""
     from shoal.comm.connection import Connection
 
-    future = client.submit(inc, 1, key="outbox-order")
-    assert future.result(timeout=10) == 2
     direct: list[str] = []
     write_direct = Connection.write_direct
 
@@ -299,24 +298,37 @@ def test_a_direct_write_never_overtakes_what_waits_in_the_outbox(client: Client)
             direct.append(type(msgs[0]).__name__)
         return done
 
+    Connection.write_direct = counting  # type: ignore[method-assign]
+    try:
+        yield direct
+    finally:
+        Connection.write_direct = write_direct  # type: ignore[method-assign]
+
+
+def test_a_direct_write_never_overtakes_what_waits_in_the_outbox(client: Client) -> None:
+    """A small submission from the calling thread is written straight on the socket
+    only when nothing waits in the client's outbox: here the release of the same key
+    waits there (the loop is held busy), so the resubmission must queue behind it, or
+    the scheduler would see it first and the release would drop the key it brings back."""
+    future = client.submit(inc, 1, key="outbox-order")
+    assert future.result(timeout=10) == 2
     loop_busy, go_on = threading.Event(), threading.Event()
 
     def hold_the_loop() -> None:
         loop_busy.set()
         go_on.wait(10)
 
-    Connection.write_direct = counting  # type: ignore[method-assign]
-    try:
-        client._loop.call_soon_threadsafe(hold_the_loop)
-        assert loop_busy.wait(10)
-        del future  # its ReleaseKeys waits in the outbox: the loop cannot write it
-        assert client._outbox, "the release should be waiting in the outbox"
-        again = client.submit(inc, 1, key="outbox-order")
-        go_on.set()
-        assert again.result(timeout=10) == 2
-    finally:
-        go_on.set()
-        Connection.write_direct = write_direct  # type: ignore[method-assign]
+    with counted_direct_writes() as direct:
+        try:
+            client._loop.call_soon_threadsafe(hold_the_loop)
+            assert loop_busy.wait(10)
+            del future  # its ReleaseKeys waits in the outbox: the loop cannot write it
+            assert client._outbox, "the release should be waiting in the outbox"
+            again = client.submit(inc, 1, key="outbox-order")
+            go_on.set()
+            assert again.result(timeout=10) == 2
+        finally:
+            go_on.set()
     assert direct == []  # the submission went through the outbox, behind the release
     assert "outbox-order" in {k for keys in client.has_what().values() for k in keys}
 
@@ -330,20 +342,7 @@ def test_caller_threads_writing_directly_and_the_loop_keep_each_threads_order(
     sends its own requests: every result is right, and once all futures are gone the
     cluster holds none of their keys (a submission overtaking the release before it
     would be dropped by that release, or leave a key held)."""
-    import threading
-
     import dask
-
-    from shoal.comm.connection import Connection
-
-    direct = []
-    write_direct = Connection.write_direct
-
-    def counting(self: Connection, msgs: list) -> bool:
-        done = write_direct(self, msgs)
-        if done:
-            direct.append(type(msgs[0]).__name__)
-        return done
 
     errors: list[BaseException] = []
     keys: list[str] = []
@@ -363,8 +362,7 @@ def test_caller_threads_writing_directly_and_the_loop_keep_each_threads_order(
         except BaseException as e:
             errors.append(e)
 
-    Connection.write_direct = counting  # type: ignore[method-assign]
-    try:
+    with counted_direct_writes() as direct:
         threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
         for th in threads:
             th.start()
@@ -372,8 +370,6 @@ def test_caller_threads_writing_directly_and_the_loop_keep_each_threads_order(
             client.has_what()  # the loop's own requests, meanwhile
         for th in threads:
             th.join()
-    finally:
-        Connection.write_direct = write_direct  # type: ignore[method-assign]
     assert not errors, errors
     assert "SubmitTasks" in direct  # the path was taken
     deadline = time.monotonic() + 10

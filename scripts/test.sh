@@ -7,4 +7,7 @@ bash scripts/install-system-deps.sh  # SLURM, Grid Engine, network namespaces
 python -m pip install --quiet --disable-pip-version-check -e ".[test,fast,bench]"
 python -m ruff check shoal tests benchmarks
 python -m mypy -p shoal
-python -m pytest -q "$@"
+# Two test processes: most tests wait on their clusters' processes, so two at a time
+# roughly halve the wall time on two cores (tests/conftest.py groups the ones that share
+# a machine-wide resource).
+python -m pytest -q -n 2 --dist loadgroup "$@"

@@ -7,6 +7,7 @@ import asyncio
 import io
 import re
 import sys
+import threading
 import time
 import types
 from html.parser import HTMLParser
@@ -165,14 +166,25 @@ def test_notebook_bars_redraw_a_display_in_place(
         assert "slow_inc: 10/10" in repr(bar)
 
 
+_GATE = threading.Event()
+
+
+def wait_for_the_gate() -> bool:
+    return _GATE.wait(30)
+
+
 def test_a_bar_stops_when_the_client_closes(inproc_cluster: LocalCluster) -> None:
+    # The task waits for the test (not a fixed sleep: on a loaded machine the bar's first
+    # display can take longer than any sleep chosen here), so it cannot be done yet.
+    _GATE.clear()
     client = Client(inproc_cluster)
     try:
-        future = client.submit(time.sleep, 1.5)
+        future = client.submit(wait_for_the_gate)
         bar = progress(future, notebook=True)
         assert not bar.wait(timeout=0.3)
     finally:
         client.close()
+        _GATE.set()  # (the in-process worker's thread ends)
     assert bar.wait(timeout=5) and bar.watch.lost
     assert "lost the scheduler" in bar._repr_html_()
 

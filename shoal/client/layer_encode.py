@@ -25,8 +25,8 @@ pruned.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Hashable
+from copy import deepcopy
 from typing import Any
 
 from shoal.protocol import plain_codec
@@ -351,7 +351,10 @@ class LayerEncoder:
             # object in two places is not planned on the worker (template_plan).
             first = j * len(places)
             slots = {place: Slot(first + i) for i, place in enumerate(places)}
-            own_args, own_kwargs = (args, kwargs) if j == 0 else copy.deepcopy((args, kwargs))
+            try:
+                own_args, own_kwargs = (args, kwargs) if j == 0 else deepcopy((args, kwargs))
+            except Exception:  # an object that cannot be copied: the generic encoder
+                return None
             leaf_args = tuple([slots.get(i, a) for i, a in enumerate(own_args)])
             leaf_kwargs = {k: slots.get(k, v) for k, v in own_kwargs.items()}
             calls.append(Call(TableFunction(leaf.func), leaf_args, leaf_kwargs))

@@ -20,7 +20,7 @@ from shoal import Client, LocalCluster
 from shoal.client import blockwise_expand, tree_fuse
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
-from shoal.protocol.serialize import TEMPLATE, FunctionCache, loads_task_args
+from shoal.protocol.serialize import TEMPLATE, FunctionCache, FunctionTable, loads_task_args
 from tests.client.test_layer_encode import assert_encoded_alike, encode
 
 MIN_GROUPS_KEY = "shoal.client.fuse-reductions.min-groups"
@@ -330,7 +330,7 @@ def test_a_fused_task_not_of_its_template_is_encoded_generically() -> None:
     (name,) = fused_layers(layers)
     key = (name, 0)
     node = dsk[key]
-    encoder = GraphEncoder(__import__("shoal").protocol.serialize.FunctionTable(), {})
+    encoder = GraphEncoder(FunctionTable(), {})
     encoder.start_graph(layers)
     assert encoder._layers.encode(name, node) is not None
     leaves = list(node.args[0].args)
@@ -398,3 +398,21 @@ def test_fused_results_through_shoal_equal_sync(
     # fewer tasks went to the scheduler than Dask's graph has
     dsk, _, _ = materialised(c, least=0)
     assert 0 < len(set(submitted)) < len(dsk)
+
+
+def test_leaf_constants_that_cannot_be_copied_take_the_generic_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shoal.client import layer_encode
+
+    dsk, layers, keys = materialised((da.ones((40,), chunks=1) + 3).sum())
+
+    def refuse(obj: Any, memo: Any = None) -> Any:
+        raise TypeError("cannot copy")
+
+    monkeypatch.setattr(layer_encode, "deepcopy", refuse)
+    (name,) = fused_layers(layers)
+    encoder = GraphEncoder(FunctionTable(), {})
+    encoder.start_graph(layers)
+    assert encoder._layers.encode(name, dsk[(name, 0)]) is None
+    np.testing.assert_allclose(through_the_encoder(dsk, layers, keys)[0], 160.0)

@@ -23,7 +23,8 @@ A group (``P`` with its leaves) is fused only when all of these hold:
 * every ``Li`` has exactly one dependent, ``P`` (and is named once in ``P``'s list):
   no other task needs its value, so dropping its key loses nothing;
 * no ``Li`` is among the keys asked for (those are results someone holds);
-* no node involved has ``block_fusion`` (a node Dask must not fuse);
+* no node involved has ``block_fusion`` (a node Dask must not fuse): every one is
+  exactly Dask's ``Task``, whose ``block_fusion`` is False;
 * no layer of the graph carries annotations (priority, retries, resources, workers,
   ...; ``dask.annotate``): annotations are per key, and a leaf's would be lost or its
   reduction's imposed on it. The caller checks this (it has the layers);

@@ -11,6 +11,10 @@ the msgpack of the task's per-block values only.
 
 A reduction tree's layer (``reduction_expand``) has a :class:`ReductionTemplate`: each
 task applies the layer's function to a list of its input keys, which is its one value.
+One whose leaves were fused in (``tree_fuse``) has a :class:`FusedReductionTemplate`:
+a task of ``k`` leaves is encoded as the template for ``k`` (the reduction's call on
+the leaf layer's call ``k`` times, each with its own slots), registered once per
+``k``, and the ``k`` leaves' per-block values one after another.
 
 No identity of task objects is trusted: a task is encoded this way only when it *is*
 the template with other values at the per-block places (the same function, the same
@@ -86,8 +90,9 @@ class ReductionTemplate:
 class FusedReductionTemplate:
     """A reduction layer whose tasks had their leaves fused in (``tree_fuse``): each is
     ``Task(key, func, Task(None, _identity_cast, leaf1, ..., leafk, typ=list))``, each
-    ``leafi`` a keyless task of the ``leaf`` layer's template with its own values in
-    place. (Its tasks left unfused keep the :class:`ReductionTemplate` shape.)"""
+    ``leafi`` a task of the ``leaf`` layer's template with its own values in place
+    (its key, no longer one of the graph's, is not sent). Its tasks left unfused keep
+    the :class:`ReductionTemplate` shape."""
 
     __slots__ = ("func", "leaf")
 
@@ -199,7 +204,7 @@ class LayerEncoder:
         func = leaf.func
         values: list[Any] = []
         for t in leaves:
-            if type(t) is not self._task_type or t.func is not func or t.key is not None:
+            if type(t) is not self._task_type or t.func is not func:
                 return None
             got = self._values(leaf, t)
             if got is None:

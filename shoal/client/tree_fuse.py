@@ -8,7 +8,8 @@ costing the scheduler and a worker far more than that. Dask's legacy optimiser f
 such leaves into their reduction (``dask.optimization.fuse`` with ``ave_width``); this
 module does the same on Dask's task spec, one level only: a reduction task ``P =
 func([L1, ..., Lk])`` becomes ``func([leaf1(...), ..., leafk(...)])``, the leaves
-inlined as keyless inner tasks of ``P``, and the ``Li`` keys leave the graph. ``P``
+inlined as inner tasks of ``P`` (the very nodes, keys and all, as Dask's ``Task.fuse``
+keeps them in a fused subgraph), and the ``Li`` keys leave the graph. ``P``
 keeps its key, its function and its result; each leaf does the same work as before,
 inside ``P``'s task, one after another.
 
@@ -140,14 +141,12 @@ def fuse_reduction_leaves(
                 continue
             if leaf_layer != leaf_name:
                 continue  # (one leaf layer per reduction layer: its one template)
-            leaves = []
-            for t in targets:
-                leaf = dsk[t]
-                # (a Task's block_fusion is GraphNode's: False)
-                if type(leaf) is not Task or leaf._dependencies or leaf.func is not leaf_func:
-                    break
-                leaves.append(leaf)
-            else:
+            leaves = [dsk[t] for t in targets]
+            # (a Task's block_fusion is GraphNode's: False)
+            if all(
+                type(leaf) is Task and not leaf._dependencies and leaf.func is leaf_func
+                for leaf in leaves
+            ):
                 made[key] = build(key, node.func, leaves)
                 gone.extend(targets)
         if len(made) < least:
@@ -208,8 +207,7 @@ def _builder() -> Callable[[Key, Any, list], Any]:
     from shoal.client.reduction_expand import _same_slots
 
     def constructed(key: Key, func: Any, leaves: list) -> Any:
-        inner = [Task(None, leaf.func, *leaf.args, **leaf.kwargs) for leaf in leaves]
-        return Task(key, func, Task(None, _identity_cast, *inner, typ=list))
+        return Task(key, func, Task(None, _identity_cast, *leaves, typ=list))
 
     sample = [
         Task(("a", 0), _identity_cast, DataNode(None, 1), DataNode(None, (2,)), typ=tuple),
@@ -221,26 +219,17 @@ def _builder() -> Callable[[Key, Any, list], Any]:
 
 
 def _direct() -> Callable[[Key, Any, list], Any]:
-    """A function building ``Task(key, func, Task(None, _identity_cast, *inner,
-    typ=list))``, ``inner`` each leaf as a keyless task (``Task(None, leaf.func,
-    *leaf.args, **leaf.kwargs)``), their slots set directly: the leaves are roots, so
-    no node has a dependency, and Dask's constructors would only walk the arguments
-    to find none."""
+    """A function building ``Task(key, func, Task(None, _identity_cast, *leaves,
+    typ=list))`` with the two nodes' slots set directly: the leaves are roots, so
+    neither node has a dependency, and Dask's constructors would only walk the
+    arguments to find none."""
     from dask._task_spec import Task, _identity_cast, _no_deps
 
     new: Any = object.__new__
 
     def built(key: Key, func: Any, leaves: list) -> Any:
-        inner = []
-        for leaf in leaves:
-            node = new(Task)
-            node.key, node.func, node.args, node.kwargs = None, leaf.func, leaf.args, leaf.kwargs
-            node._dependencies = _no_deps
-            node._is_coro = node._token = node._repr = None
-            node._data_producer = False  # (as the constructor makes it: an inner node)
-            inner.append(node)
         cast = new(Task)
-        cast.key, cast.func, cast.args = None, _identity_cast, tuple(inner)
+        cast.key, cast.func, cast.args = None, _identity_cast, tuple(leaves)
         cast.kwargs = {"typ": list}
         outer = new(Task)
         outer.key, outer.func, outer.args, outer.kwargs = key, func, (cast,), {}

@@ -158,9 +158,9 @@ def test_a_fused_task_is_its_reductions_call_on_its_leaves_inlined() -> None:
     (inner,) = p.args
     assert inner.func is _identity_cast and inner.kwargs == {"typ": list}
     leaves = [plain[a.target] for a in unfused.args[0].args]
-    assert [(t.key, t.func, t.args, t.kwargs) for t in inner.args] == [
-        (None, leaf.func, leaf.args, leaf.kwargs) for leaf in leaves
-    ]
+    assert list(inner.args) == leaves and all(
+        t is leaf for t, leaf in zip(inner.args, leaves, strict=True)
+    )
     assert not any(leaf.key in dsk for leaf in leaves)
     # 40 leaves into 10 fused tasks, the rest of the tree as it was
     assert list(dsk) == [k for k in plain if k not in {t for _, ts in groups for t in ts}]
@@ -340,8 +340,7 @@ def test_a_fused_task_not_of_its_template_is_encoded_generically() -> None:
     leaves[1] = Task(None, leaf.func, *args, **leaf.kwargs)
     other = Task(key, node.func, Task(None, _identity_cast, *leaves, typ=list))
     assert encoder._layers.encode(name, other) is None
-    keyed = [Task(("k", i), t.func, *t.args, **t.kwargs) for i, t in enumerate(leaves)]
-    assert encoder._layers.encode(name, Task(key, node.func, *keyed)) is None
+    assert encoder._layers.encode(name, Task(key, node.func, *leaves)) is None  # no list
     assert encoder.task_spec(key, other).key == key  # the generic path takes it
 
 

@@ -7,10 +7,16 @@
 
 The graph is ``(da.ones((c,), chunks=1) + k).sum()`` with c = ¾ of the size: after
 dask's optimisation one fused ones+add+partial-sum task per chunk, then dask's 4-way
-reduction tree and the finalize tasks, about the size in all (1M gives 1,000,003). The
-task count reported is the exact one of the graph as submitted: for shoal, the length
-of the graph ``materialize`` returned in the client; for Dask, the number of tasks its
-scheduler holds after ingesting it. ``k`` is new for every run (so every run has new
+reduction tree and the finalize tasks, about the size in all (1M gives 1,000,003).
+"tasks" is the exact count of the graph as Dask makes it: for Dask, the number of tasks
+its scheduler holds after ingesting it; for shoal, the length of the graph
+``materialize`` returned in the client plus the leaves ``tree_fuse`` fused into their
+reduction tasks (shoal's client fuses each group of 4 leaves into its first reduction
+task when there are at least ``shoal.client.fuse-reductions.min-groups`` groups: the
+same results, from about a quarter of the tasks). "scheduled tasks" is the number of
+tasks the scheduler holds and runs (for Dask the same as "tasks"). The CPU columns
+per task are over "tasks" (the graph's work, comparable with and without fusion);
+"ingest tasks/s" and "B/task" are over "scheduled tasks" (what the scheduler holds). ``k`` is new for every run (so every run has new
 keys and dask cannot reuse an expression or graph made for an earlier one), and the
 result, ``c * (1 + k)``, is checked.
 
@@ -143,11 +149,14 @@ def default_timeout(size: int) -> float:
 
 class PhaseTimers:
     """Wraps, while entered, the functions a shoal client calls to submit a dask graph,
-    adding up the time spent in each; ``tasks`` is the length of the materialised graph."""
+    adding up the time spent in each; ``scheduled`` is the length of the materialised
+    graph, ``tasks`` that plus the leaves fused into reduction tasks (Dask's count)."""
 
     def __init__(self) -> None:
         self.seconds = {"materialise": 0.0, "order": 0.0, "encode": 0.0}
         self.tasks = 0
+        self.scheduled = 0
+        self.fused_away = 0
         self._undo: list[tuple[Any, str, Any]] = []
 
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
@@ -160,6 +169,11 @@ class PhaseTimers:
         from shoal.client import collections
         from shoal.client.dask_graph import GraphEncoder
 
+        try:
+            from shoal.client import tree_fuse
+        except ImportError:  # a shoal without reduction fusion
+            tree_fuse = None
+
         seconds = self.seconds
         materialize, order = collections.materialize, dask.order.order
         task_spec = GraphEncoder.task_spec
@@ -169,7 +183,15 @@ class PhaseTimers:
             t0 = clock()
             out = materialize(graph, *args)
             seconds["materialise"] += clock() - t0
-            self.tasks = len(out[0])
+            self.scheduled = len(out[0])
+            self.tasks = self.scheduled + self.fused_away
+            self.fused_away = 0
+            return out
+
+        def counted_fuse(dsk: Any, *args: Any, **kwargs: Any) -> Any:
+            before = len(dsk)  # (it fuses in place)
+            out = fuse(dsk, *args, **kwargs)
+            self.fused_away += before - len(out)
             return out
 
         def timed_order(*args: Any, **kwargs: Any) -> Any:
@@ -185,6 +207,9 @@ class PhaseTimers:
             return out
 
         self._patch(collections, "materialize", timed_materialize)
+        if tree_fuse is not None:
+            fuse = tree_fuse.fuse_reduction_leaves
+            self._patch(tree_fuse, "fuse_reduction_leaves", counted_fuse)
         if hasattr(collections, "submission_order"):
             # the order shoal chose: dask.order up to its bound, the cheap one above
             order = collections.submission_order
@@ -208,7 +233,8 @@ class Run:
     system: str
     mode: str
     size: int
-    tasks: int = 0  # exact count of the graph as submitted
+    tasks: int = 0  # exact count of the graph as Dask makes it
+    scheduled: int = 0  # tasks the scheduler held (shoal: after fusing reduction leaves)
     client_s: float | None = None  # until client.compute returned
     submit_s: float | None = None  # zero: until the scheduler held every task
     sched_cpu_s: float | None = None  # zero: scheduler CPU over the submit window
@@ -228,7 +254,8 @@ class Run:
 
     @property
     def bytes_per_task(self) -> float | None:
-        return None if self.peak_bytes is None or not self.tasks else self.peak_bytes / self.tasks
+        held = self.scheduled or self.tasks
+        return None if self.peak_bytes is None or not held else self.peak_bytes / held
 
     def per_task_us(self, attr: str) -> float | None:
         """``attr`` (CPU seconds) per task of the graph, in µs (the size where the exact
@@ -246,9 +273,10 @@ class Run:
 
     @property
     def ingest_rate(self) -> float | None:
-        if not self.sched_cpu_s or not self.tasks:
+        held = self.scheduled or self.tasks
+        if not self.sched_cpu_s or not held:
             return None
-        return self.tasks / self.sched_cpu_s
+        return held / self.sched_cpu_s
 
 
 def _scheduler_tasks(cluster: Cluster, timeout: float) -> int:
@@ -316,16 +344,19 @@ def run_zero(cluster: Cluster, run: Run, k: int, timeout: float) -> Any:
         t0 = time.perf_counter()
         fut = cluster.call(lambda: client.compute(collection), timeout)
         run.client_s = time.perf_counter() - t0
-        target = timers.tasks if isinstance(timers, PhaseTimers) else 0
+        target = timers.scheduled if isinstance(timers, PhaseTimers) else 0
         held = _wait_held(cluster, target, deadline)
         run.submit_s = time.perf_counter() - t0
         sched1, mine1 = cpu_snapshot([cluster.scheduler_proc]), cpu_snapshot([me])
     peak_kb = max(_status_kb(pid, "VmHWM"), sampler.peak)
-    run.tasks = held
+    run.tasks = run.scheduled = held
     if isinstance(timers, PhaseTimers):
         run.phases = dict(timers.seconds)
-        if held != timers.tasks:
-            raise AssertionError(f"the scheduler holds {held} tasks, the graph has {timers.tasks}")
+        if held != timers.scheduled:
+            raise AssertionError(
+                f"the scheduler holds {held} tasks, the graph has {timers.scheduled}"
+            )
+        run.tasks = timers.tasks
     run.sched_cpu_s = cpu_delta(sched0, sched1)[0]
     run.client_cpu_s = cpu_delta(mine0, mine1)[0]
     run.peak_bytes = (peak_kb - idle_kb) * 1024.0
@@ -366,6 +397,7 @@ def run_workers(cluster: Cluster, run: Run, k: int, timeout: float) -> Any:
     if isinstance(timers, PhaseTimers):
         run.phases = dict(timers.seconds)
         run.tasks = timers.tasks
+        run.scheduled = timers.scheduled
     if int(result) != expected:
         raise AssertionError(f"the result is {result!r}, expected {expected}")
     return fut
@@ -444,6 +476,8 @@ def summary_line(run: Run) -> str:
     if not run.ok:
         return f"FAILED: {(run.error or '').splitlines()[0]}"
     parts = [f"{run.tasks:,} tasks", f"client {run.client_s:.2f} s"]
+    if run.scheduled and run.scheduled != run.tasks:
+        parts.insert(1, f"{run.scheduled:,} scheduled")
     if run.submit_s is not None:
         parts.append(f"held after {run.submit_s:.2f} s")
     if run.bytes_per_task is not None:
@@ -492,8 +526,9 @@ class Table:
     def median(self, system: str, mode: str, size: int, attr: str) -> float | None:
         return _median(self.of(system, mode, size), attr)
 
-    def tasks(self, system: str, mode: str, size: int) -> str:
-        counts = sorted({r.tasks for r in self.of(system, mode, size) if r.ok and r.tasks})
+    def tasks(self, system: str, mode: str, size: int, attr: str = "tasks") -> str:
+        runs = [r for r in self.of(system, mode, size) if r.ok]
+        counts = sorted({getattr(r, attr) or r.tasks for r in runs if r.tasks})
         return "/".join(f"{c:,}" for c in counts) or "—"
 
     def status(self, system: str, mode: str, size: int, stopped: dict[str, str]) -> str | None:
@@ -513,7 +548,7 @@ def zero_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[lis
             why = t.status(s, "zero", size, stopped)
             if why is not None:
                 if why != "not run":
-                    rows.append([size_label(size), s, why, *["—"] * 7])
+                    rows.append([size_label(size), s, why, *["—"] * 8])
                 continue
 
             def m(attr: str, s: str = s, size: int = size) -> float | None:
@@ -526,6 +561,7 @@ def zero_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[lis
                     size_label(size),
                     s,
                     t.tasks(s, "zero", size),
+                    t.tasks(s, "zero", size, "scheduled"),
                     _fmt(m("client_s")),
                     _fmt(m("submit_s")),
                     _fmt(m("ingest_rate"), 0),
@@ -545,13 +581,16 @@ def workers_rows(t: Table, systems: list[str], stopped: dict[str, str]) -> list[
             why = t.status(s, "workers", size, stopped)
             if why is not None:
                 if why != "not run":
-                    rows.append([size_label(size), s, why, "—", "—", "—", "—"])
+                    rows.append([size_label(size), s, why, "—", "—", "—", "—", "—"])
                 continue
             rows.append(
                 [
                     size_label(size),
                     s,
                     t.tasks(s, "workers", size) if s == "shoal" else t.tasks(s, "zero", size),
+                    t.tasks(s, "workers", size, "scheduled")
+                    if s == "shoal"
+                    else t.tasks(s, "zero", size),
                     _fmt(t.median(s, "workers", size, "client_s")),
                     _fmt(t.median(s, "workers", size, "end_to_end_s")),
                     _fmt(t.median(s, "workers", size, "workers_us_per_task"), 0),
@@ -671,6 +710,7 @@ def render(
             "size",
             "system",
             "tasks",
+            "scheduled tasks",
             "client s",
             "submit s",
             "ingest tasks/s",
@@ -686,6 +726,7 @@ def render(
             "size",
             "system",
             "tasks",
+            "scheduled tasks",
             "client s",
             "end-to-end s",
             "workers CPU µs/task",

@@ -24,7 +24,10 @@ Each block's ``Task`` is built with its slots set directly, its dependencies fro
 layer's once and the block's own (the first block is checked against Dask's
 constructor). The legacy reduction layers are converted and culled by
 :mod:`shoal.client.reduction_expand` (Dask's code with exact fast paths). A large layer
-leaves its template for the encoder (:mod:`shoal.client.layer_encode`).
+leaves its template for the encoder (:mod:`shoal.client.layer_encode`). Last, the tiny
+leaves of a large reduction are fused into their reduction tasks
+(:mod:`shoal.client.tree_fuse`: the one step that makes a graph other than Dask's, the
+same results from fewer tasks).
 
 Anything else takes Dask's path unchanged: another kind of expression or optimiser,
 low-level fusion switched off, a graph already materialised, and, per layer, layers
@@ -40,7 +43,7 @@ import itertools
 import sys
 from typing import Any
 
-from shoal.client import dask_graph, reduction_expand
+from shoal.client import dask_graph, reduction_expand, tree_fuse
 from shoal.client.gc_pause import gc_paused
 from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate, Template
 from shoal.client.linear_fuse import fuse_linear_task_spec  # Dask's, on positions
@@ -140,10 +143,14 @@ def _array_optimize(
     dsk = optimize_blockwise(dsk, keys=keys)
     dsk = _fuse_roots(dsk, keys=keys)
     dsk = _cull(dsk, set(keys))
+    annotated = any(layer.annotations for layer in dsk.layers.values())
     flat = expand_layers(dsk, templates)
     flat = reduction_expand.convert_legacy_graph(flat, None, templates, MIN_BLOCKS)
     flat = fuse_linear_task_spec(flat, keys=keys)
-    return _optimize_slices(flat)
+    flat = _optimize_slices(flat)
+    if templates and not annotated:  # (annotations are per key: see tree_fuse)
+        flat = tree_fuse.fuse_reduction_leaves(flat, keys, templates)
+    return flat
 
 
 def _optimize_slices(dsk: dict[Key, Any]) -> dict[Key, Any]:

@@ -11,6 +11,10 @@ the msgpack of the task's per-block values only.
 
 A reduction tree's layer (``reduction_expand``) has a :class:`ReductionTemplate`: each
 task applies the layer's function to a list of its input keys, which is its one value.
+One whose leaves were fused in (``tree_fuse``) has a :class:`FusedReductionTemplate`:
+a task of ``k`` leaves is encoded as the template for ``k`` (the reduction's call on
+the leaf layer's call ``k`` times, each with its own slots), registered once per
+``k``, and the ``k`` leaves' per-block values one after another.
 
 No identity of task objects is trusted: a task is encoded this way only when it *is*
 the template with other values at the per-block places (the same function, the same
@@ -25,7 +29,8 @@ pruned.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from copy import deepcopy
 from typing import Any
 
 from shoal.protocol import plain_codec
@@ -82,7 +87,21 @@ class ReductionTemplate:
         self.func = func
 
 
-Template = LayerTemplate | ReductionTemplate
+class FusedReductionTemplate:
+    """A reduction layer whose tasks had their leaves fused in (``tree_fuse``): each is
+    ``Task(key, func, Task(None, _identity_cast, leaf1, ..., leafk, typ=list))``, each
+    ``leafi`` a task of the ``leaf`` layer's template with its own values in place
+    (its key, no longer one of the graph's, is not sent). Its tasks left unfused keep
+    the :class:`ReductionTemplate` shape."""
+
+    __slots__ = ("func", "leaf")
+
+    def __init__(self, func: Any, leaf: LayerTemplate):
+        self.func = func
+        self.leaf = leaf
+
+
+Template = LayerTemplate | ReductionTemplate | FusedReductionTemplate
 
 
 class _Encoded:
@@ -119,7 +138,7 @@ class LayerEncoder:
         # ``_nested`` flag where an argument is an inline task
         self._generic = generic
         self._dep = dep_type
-        self._made: dict[str, _Encoded | None] = {}
+        self._made: dict[Hashable, _Encoded | None] = {}
         self._task_type: Any = Task
         self._taskref: Any = TaskRef
         self._datanode: Any = DataNode
@@ -128,7 +147,7 @@ class LayerEncoder:
         self.encoded = 0  # tasks encoded here (tests and benchmarks read it)
         # (layer, values) -> the task's encoding, for values of ints and strings
         # (_exact_key)
-        self._data: dict[tuple[str, tuple], tuple[str, TaskArgs]] = {}
+        self._data: dict[tuple[Hashable, tuple], tuple[str, TaskArgs]] = {}
 
     def encode(self, name: str, node: Any) -> tuple[str, TaskArgs] | None:
         """``(function id, arguments)`` of ``node`` (a task of layer ``name``), or None:
@@ -138,6 +157,16 @@ class LayerEncoder:
             return None
         if isinstance(layer, ReductionTemplate):
             return self._encode_reduction(name, layer, node)
+        if isinstance(layer, FusedReductionTemplate):
+            return self._encode_fused(name, layer, node)
+        values = self._values(layer, node)
+        if values is None:
+            return None
+        return self._payload(name, layer, values)
+
+    def _values(self, layer: LayerTemplate, node: Any) -> list[Any] | None:
+        """The per-block values of ``node`` if it is ``layer``'s template with its own
+        values in place (see the module's docstring), else None."""
         args = node.args
         template_args = layer.args
         if len(args) != len(template_args):
@@ -158,12 +187,33 @@ class LayerEncoder:
         for v in values:
             if v is _NOT_PLAIN:
                 return None
-        return self._payload(name, layer, values)
+        return values
 
-    def _encode_reduction(
-        self, name: str, layer: ReductionTemplate, node: Any
+    def _encode_fused(
+        self, name: str, layer: FusedReductionTemplate, node: Any
     ) -> tuple[str, TaskArgs] | None:
-        """A reduction task: its list of input keys is the one value."""
+        """A reduction task with its leaves inlined: the template of its arity, and
+        its leaves' per-block values one after another."""
+        inner = self._reduction_inner(node)
+        if inner is None:
+            return None
+        leaves = inner.args
+        if leaves and type(leaves[0]) is self._alias:  # a task left unfused
+            return self._encode_reduction(name, ReductionTemplate(layer.func), node)
+        leaf = layer.leaf
+        func = leaf.func
+        values: list[Any] = []
+        for t in leaves:
+            if type(t) is not self._task_type or t.func is not func:
+                return None
+            got = self._values(leaf, t)
+            if got is None:
+                return None
+            values.extend(got)
+        return self._payload((name, len(leaves)), layer, values)
+
+    def _reduction_inner(self, node: Any) -> Any:
+        """The inner ``_identity_cast(..., typ=list)`` task of a reduction task, or None."""
         args = node.args
         if len(args) != 1 or node.kwargs:
             return None
@@ -172,6 +222,15 @@ class LayerEncoder:
             return None
         kwargs = inner.kwargs
         if len(kwargs) != 1 or kwargs.get("typ") is not list:
+            return None
+        return inner
+
+    def _encode_reduction(
+        self, name: str, layer: ReductionTemplate, node: Any
+    ) -> tuple[str, TaskArgs] | None:
+        """A reduction task: its list of input keys is the one value."""
+        inner = self._reduction_inner(node)
+        if inner is None:
             return None
         alias = self._alias
         keys = []
@@ -190,14 +249,16 @@ class LayerEncoder:
         data = template_payload(made.template_id, slot_bytes)
         return made.fid, TaskArgs(Payload(TEMPLATE, data), [*made.deps, *keys], made.funcs)
 
-    def _template(self, name: str, layer: Template) -> _Encoded | None:
+    def _template(self, name: Hashable, layer: Template) -> _Encoded | None:
+        """The template of ``name``: a layer's name, or ``(name, arity)`` for a fused
+        reduction's tasks of that many leaves."""
         if name in self._made:
             return self._made[name]
-        made = self._made[name] = self._make(layer)
+        made = self._made[name] = self._make(name, layer)
         return made
 
     def _payload(
-        self, name: str, layer: Template, values: list[Any]
+        self, name: Hashable, layer: Template, values: list[Any]
     ) -> tuple[str, TaskArgs] | None:
         made = self._template(name, layer)
         if made is None:
@@ -235,7 +296,10 @@ class LayerEncoder:
             return node.value
         return _NOT_PLAIN
 
-    def _make(self, layer: Template) -> _Encoded | None:
+    def _make(self, name: Hashable, layer: Template) -> _Encoded | None:
+        if isinstance(layer, FusedReductionTemplate):
+            assert type(name) is tuple
+            return self._make_fused(layer, name[1])
         if isinstance(layer, ReductionTemplate):
             # as the generic encoder converts it: the inner task is a nested call
             keys: Any = Slot(0)  # the task's keys: a tuple, as the generic encoder's
@@ -274,6 +338,34 @@ class LayerEncoder:
                 kwargs = {**func.keywords, **kwargs}
                 func = func.func
         return self._register(func, (args, kwargs))
+
+    def _make_fused(self, layer: FusedReductionTemplate, arity: int) -> _Encoded | None:
+        """The template of a fused reduction task of ``arity`` leaves: the reduction's
+        call on a list of the leaf layer's call, ``arity`` times, each with its own
+        slots (the leaf's per-block places, numbered on from the previous leaf's)."""
+        leaf = layer.leaf
+        places: list[Any] = [*leaf.arg_slots, *leaf.kwarg_slots]
+        convert = self._generic._arg
+        args = [Slot(0) if i in leaf.arg_slots else convert(a) for i, a in enumerate(leaf.args)]
+        kwargs = {
+            k: Slot(0) if k in leaf.kwarg_slots else convert(v) for k, v in leaf.kwargs.items()
+        }
+        calls = []
+        for j in range(arity):
+            # Each leaf's constants are objects of their own: a template holding one
+            # object in two places is not planned on the worker (template_plan).
+            first = j * len(places)
+            slots = {place: Slot(first + i) for i, place in enumerate(places)}
+            try:
+                own_args, own_kwargs = (args, kwargs) if j == 0 else deepcopy((args, kwargs))
+            except Exception:  # an object that cannot be copied: the generic encoder
+                return None
+            leaf_args = tuple([slots.get(i, a) for i, a in enumerate(own_args)])
+            leaf_kwargs = {k: slots.get(k, v) for k, v in own_kwargs.items()}
+            calls.append(Call(TableFunction(leaf.func), leaf_args, leaf_kwargs))
+        inner = Call(TableFunction(self._identity_cast), tuple(calls), {"typ": list})
+        call = Call(TableFunction(layer.func), (inner,), {})
+        return self._register(run_nested, ((call,), {}))
 
 
 def _is_partial(func: Any) -> bool:

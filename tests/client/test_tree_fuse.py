@@ -1,0 +1,417 @@
+"""A large reduction's tiny leaves fused into their reduction tasks
+(shoal.client.tree_fuse): the same results as Dask's sync scheduler from fewer tasks,
+only where every rule holds, and the fused tasks encoded as one template each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask._expr import FinalizeCompute
+from dask._task_spec import Alias, DataNode, Task, TaskRef, _identity_cast, execute_graph
+from dask.base import collections_to_expr
+from dask.core import flatten
+
+from shoal import Client, LocalCluster
+from shoal.client import blockwise_expand, tree_fuse
+from shoal.client.dask_graph import GraphEncoder
+from shoal.client.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
+from shoal.protocol.serialize import TEMPLATE, FunctionCache, FunctionTable, loads_task_args
+from tests.client.test_layer_encode import assert_encoded_alike, encode
+
+MIN_GROUPS_KEY = "shoal.client.fuse-reductions.min-groups"
+
+
+@pytest.fixture(autouse=True)
+def every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every expanded layer gets its template, however few its blocks."""
+    monkeypatch.setattr(blockwise_expand, "MIN_BLOCKS", 1)
+
+
+def _wave(b: Any, block_id: Any = None) -> Any:
+    """Values that differ from block to block (for argmax, var, ...)."""
+    return b * np.sin(block_id[0] * 1.7 + np.arange(b.shape[0]))
+
+
+def _wave2(b: Any, block_id: Any = None) -> Any:
+    return b * np.sin(block_id[0] * 1.7 + block_id[1] * 0.3 + np.arange(b.size).reshape(b.shape))
+
+
+def _x1(n: int = 203) -> Any:  # 203 blocks: the last group of a level has 3 inputs
+    return da.ones((n,), chunks=1).map_blocks(_wave, dtype=float) + 3
+
+
+def _x2() -> Any:
+    return da.ones((60, 20), chunks=(1, 5)).map_blocks(_wave2, dtype=float) * 2
+
+
+def fusing() -> dict[str, Any]:
+    """Reductions whose first level fuses (with min-groups lowered)."""
+    return {
+        "graph_scale": lambda: (da.ones((402,), chunks=1) + 3).sum(),
+        "sum": lambda: _x1().sum(),
+        "mean": lambda: _x1().mean(),
+        "var": lambda: _x1().var(),
+        "nansum": lambda: da.nansum(_x1()),
+        "prod": lambda: (_x1() / 3).prod(),
+        "sum-keepdims": lambda: _x1().sum(keepdims=True),
+        "max-2d-axis0": lambda: _x2().max(axis=0),
+        "sum-2d-axis1": lambda: _x2().sum(axis=1),
+        "mean-2d-axis0-keepdims": lambda: _x2().mean(axis=0, keepdims=True),
+        "sum-split2": lambda: _x1().sum(split_every=2),
+        "sum-split4": lambda: _x1().sum(split_every=4),
+        "sum-split8": lambda: _x1().sum(split_every=8),
+        "sum-split32": lambda: _x1().sum(split_every=32),
+        "last-group-of-one": lambda: _x1(201).sum(),
+        "two-outputs": lambda: [_x1().sum(), _x1(204).max()],
+    }
+
+
+def not_fusing() -> dict[str, Any]:
+    """Reductions left as they are, with their results: the arg reductions' leaves
+    are linearly fused tasks (no layer template); a 2-D reduction over both axes
+    lists its inputs nested (no reduction template)."""
+    return {
+        "argmax": lambda: _x1().argmax(),
+        "argmin": lambda: _x1().argmin(),
+        "argmax-2d-axis0": lambda: _x2().argmax(axis=0),
+        "sum-2d-all": lambda: _x2().sum(),
+    }
+
+
+def materialised(c: Any, least: Any = 1) -> tuple[dict, dict, list]:
+    """(the graph the client submits, the layers' templates, the keys) of ``c``."""
+    collections = c if isinstance(c, list) else [c]
+    expr = FinalizeCompute(collections_to_expr(collections, True)).optimize()
+    layers: dict[str, Any] = {}
+    with dask.config.set({MIN_GROUPS_KEY: least}):
+        dsk, _ = blockwise_expand.materialize(expr, layers)
+    return dsk, layers, list(flatten(expr.__dask_keys__()))
+
+
+def _keys(dsk: dict) -> list:
+    """The graph's keys but its finalize tasks' (named anew for every expression)."""
+    return [k for k in dsk if "finalize" not in str(k)]
+
+
+def fused_layers(layers: dict) -> list[str]:
+    return [n for n, t in layers.items() if isinstance(t, FusedReductionTemplate)]
+
+
+def results(dsk: dict, keys: list) -> list:
+    got = execute_graph(dict(dsk), keys=set(keys))
+    return [got[k] for k in keys]
+
+
+def through_the_encoder(dsk: dict, layers: dict, keys: list) -> list:
+    """The graph encoded (layer templates on), decoded and run as a worker would."""
+    specs, functions, _ = encode(dsk, layers)
+    cache = FunctionCache()
+    cache.add(functions)
+    data: dict = {}
+    for spec in specs:
+        args, kwargs = loads_task_args(spec.payload, data.__getitem__, cache.get)
+        data[spec.key] = cache.get(spec.func)(*args, **kwargs)
+    return [data[k] for k in keys]
+
+
+def expected(c: Any) -> list:
+    (want,) = dask.compute(c, scheduler="sync")
+    return want if isinstance(want, list) else [want]
+
+
+@pytest.mark.parametrize("name", sorted(fusing()))
+def test_fused_reductions_compute_what_dask_computes(name: str) -> None:
+    c = fusing()[name]()
+    dsk, layers, keys = materialised(c)
+    plain, _, _ = materialised(c, least=0)
+    assert fused_layers(layers), "nothing fused"
+    assert len(dsk) < len(plain)
+    want = expected(c)
+    for got in (results(dsk, keys), through_the_encoder(dsk, layers, keys)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+            assert np.asarray(g).shape == np.asarray(w).shape
+
+
+@pytest.mark.parametrize("name", sorted(not_fusing()))
+def test_other_reductions_are_left_as_they_are(name: str) -> None:
+    c = not_fusing()[name]()
+    dsk, layers, keys = materialised(c)
+    plain, _, _ = materialised(c, least=0)
+    assert not fused_layers(layers)
+    assert _keys(dsk) == _keys(plain)
+    np.testing.assert_array_equal(results(dsk, keys)[0], expected(c)[0])
+
+
+def test_a_fused_task_is_its_reductions_call_on_its_leaves_inlined() -> None:
+    plain, layers, keys, name, groups = _plain()
+    dsk = _fuse(plain, layers, keys)
+    key = (name, 0)
+    p, unfused = dsk[key], plain[key]
+    assert p.func is unfused.func and not p.dependencies
+    (inner,) = p.args
+    assert inner.func is _identity_cast and inner.kwargs == {"typ": list}
+    leaves = [plain[a.target] for a in unfused.args[0].args]
+    assert list(inner.args) == leaves and all(
+        t is leaf for t, leaf in zip(inner.args, leaves, strict=True)
+    )
+    assert not any(leaf.key in dsk for leaf in leaves)
+    # 40 leaves into 10 fused tasks, the rest of the tree as it was
+    assert list(dsk) == [k for k in plain if k not in {t for _, ts in groups for t in ts}]
+
+
+# ------------------------------------------------------------------------ the rules
+
+
+def _plain() -> tuple[dict, dict, list, str, list]:
+    """An unfused graph_scale graph with its templates, keys, reduction layer and
+    its groups ((P's key, its leaves' keys) in order)."""
+    dsk, layers, keys = materialised((da.ones((40,), chunks=1) + 3).sum(), least=0)
+    (name,) = [
+        n
+        for n, t in layers.items()
+        if type(t) is ReductionTemplate
+        and (n, 0) in dsk
+        and type(layers.get(dsk[(n, 0)].args[0].args[0].target[0])) is LayerTemplate
+    ]
+    groups = [(k, [a.target for a in dsk[k].args[0].args]) for k in dsk if k[0] == name]
+    return dsk, layers, keys, name, groups
+
+
+def _fuse(dsk: dict, layers: dict, keys: list, least: int = 1) -> dict:
+    return tree_fuse.fuse_reduction_leaves(dict(dsk), keys, dict(layers), least)
+
+
+def _is_fused(dsk: dict, key: Any) -> bool:
+    return not dsk[key].dependencies
+
+
+def test_every_group_fuses_where_the_rules_hold() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    fused = _fuse(dsk, layers, keys)
+    assert all(_is_fused(fused, p) for p, _ in groups)
+    assert len(fused) == len(dsk) - sum(len(leaves) for _, leaves in groups)
+
+
+def test_a_leaf_asked_for_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    p, leaves = groups[3]
+    fused = _fuse(dsk, layers, [*keys, leaves[1]])
+    assert not _is_fused(fused, p) and all(leaf in fused for leaf in leaves)
+    assert all(_is_fused(fused, q) for q, _ in groups if q != p)
+
+
+def test_a_leaf_with_a_dependency_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    p, leaves = groups[2]
+    leaf = dsk[leaves[0]]
+    dsk = {"x": DataNode("x", 1), **dsk}
+    dsk[leaves[0]] = Task(leaf.key, leaf.func, *leaf.args, extra=TaskRef("x"))
+    fused = _fuse(dsk, layers, keys)
+    assert not _is_fused(fused, p) and all(leaf in fused for leaf in leaves)
+    assert all(_is_fused(fused, q) for q, _ in groups if q != p)
+
+
+def test_a_leaf_with_another_dependent_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    p, leaves = groups[0]
+    dsk = {**dsk, "other": Task("other", repr, TaskRef(leaves[2]))}
+    fused = _fuse(dsk, layers, [*keys, "other"])
+    assert not _is_fused(fused, p) and all(leaf in fused for leaf in leaves)
+    assert all(_is_fused(fused, q) for q, _ in groups if q != p)
+
+
+def test_a_leaf_in_two_reduction_tasks_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    (p, leaves), (q, others) = groups[0], groups[1]
+    dsk = dict(dsk)
+    node = dsk[q]
+    inner = Task(None, _identity_cast, *map(Alias, [*others, leaves[0]]), typ=list)
+    dsk[q] = Task(q, node.func, inner)
+    fused = _fuse(dsk, layers, keys)
+    assert not _is_fused(fused, p) and not _is_fused(fused, q)
+    assert all(_is_fused(fused, r) for r, _ in groups if r not in (p, q))
+
+
+def test_a_leaf_named_twice_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    p, leaves = groups[1]
+    dsk = dict(dsk)
+    inner = Task(None, _identity_cast, *map(Alias, [leaves[0], *leaves]), typ=list)
+    dsk[p] = Task(p, dsk[p].func, inner)
+    fused = _fuse(dsk, layers, keys)
+    assert not _is_fused(fused, p)
+    assert all(_is_fused(fused, q) for q, _ in groups if q != p)
+
+
+def test_a_layer_below_min_groups_is_not_fused() -> None:
+    dsk, layers, keys, _, groups = _plain()
+    assert len(_fuse(dsk, layers, keys, least=len(groups) + 1)) == len(dsk)
+    assert len(_fuse(dsk, layers, keys, least=len(groups))) < len(dsk)
+    # groups that do not fuse do not count
+    p, leaves = groups[0]
+    fused = _fuse(dsk, layers, [*keys, leaves[0]], least=len(groups))
+    assert len(fused) == len(dsk)
+
+
+@pytest.mark.parametrize("off", [0, False])
+def test_min_groups_off(off: Any) -> None:
+    c = (da.ones((40,), chunks=1) + 3).sum()
+    dsk, layers, _ = materialised(c, least=off)
+    assert not fused_layers(layers)
+    assert _keys(dsk) == _keys(materialised(c, least=0)[0])
+    assert fused_layers(materialised(c, least=10)[1])
+    assert not fused_layers(materialised(c, least=11)[1])  # 40 leaves: 10 groups
+
+
+def test_a_bad_min_groups_is_refused() -> None:
+    with pytest.raises(ValueError, match="min-groups"):
+        materialised((da.ones((40,), chunks=1) + 3).sum(), least="many")
+
+
+def test_the_default_leaves_small_graphs_alone() -> None:
+    """10,000 groups by default: interactive graphs stay as Dask makes them."""
+    c = (da.ones((4 * 9_999,), chunks=1) + 3).sum()
+    expr = FinalizeCompute(collections_to_expr([c], True)).optimize()
+    layers: dict = {}
+    blockwise_expand.materialize(expr, layers)
+    assert tree_fuse.min_groups() == tree_fuse.MIN_GROUPS == 10_000
+    assert layers and not fused_layers(layers)
+
+
+def test_annotated_graphs_are_not_fused() -> None:
+    with dask.annotate(priority=3):
+        c = (da.ones((40,), chunks=1) + 3).sum()
+    dsk, layers, keys = materialised(c)
+    assert not fused_layers(layers)
+    assert _keys(dsk) == _keys(materialised(c, least=0)[0])
+    with dask.annotate(retries=2):
+        y = da.ones((40,), chunks=1) + 3
+    dsk, layers, keys = materialised(y.sum())  # the leaves' layer only
+    assert not fused_layers(layers)
+
+
+def test_low_level_fusion_off_fuses_nothing() -> None:
+    c = (da.ones((40,), chunks=1) + 3).sum()
+    with dask.config.set({"optimization.fuse.active": False}):
+        dsk, layers, keys = materialised(c)
+        assert not fused_layers(layers)
+        assert len(dsk) == len(materialised(c, least=0)[0])
+        np.testing.assert_array_equal(results(dsk, keys)[0], 160.0)
+
+
+# ------------------------------------------------------------------------ the encoder
+
+
+def test_fused_tasks_take_the_template_path() -> None:
+    """Every fused task is encoded from its template (of its number of leaves), and
+    decodes exactly as the generic encoder's."""
+    dsk, layers, keys = materialised((da.ones((406,), chunks=1) + 3).sum())
+    (name,) = fused_layers(layers)
+    fused = [k for k in dsk if type(k) is tuple and k[0] == name]
+    assert len(fused) == 102  # 101 of 4 leaves, the last of 2
+    used = assert_encoded_alike(dsk, layers)
+    specs, _, encoder = encode(dsk, layers)
+    kinds = {s.key: s.payload.kind for s in specs}
+    assert all(kinds[k] == TEMPLATE for k in fused)
+    assert used == encoder._layers.encoded >= len(fused)
+    # two templates (4 and 2 leaves) registered for the layer
+    assert {n for n in encoder._layers._made if type(n) is tuple} == {(name, 4), (name, 2)}
+
+
+def test_a_fused_task_not_of_its_template_is_encoded_generically() -> None:
+    dsk, layers, _ = materialised((da.ones((40,), chunks=1) + 3).sum())
+    (name,) = fused_layers(layers)
+    key = (name, 0)
+    node = dsk[key]
+    encoder = GraphEncoder(FunctionTable(), {})
+    encoder.start_graph(layers)
+    assert encoder._layers.encode(name, node) is not None
+    leaves = list(node.args[0].args)
+    leaf = leaves[1]
+    args = list(leaf.args)
+    args[0] = dict(args[0])  # an equal constant, not the template's own
+    leaves[1] = Task(None, leaf.func, *args, **leaf.kwargs)
+    other = Task(key, node.func, Task(None, _identity_cast, *leaves, typ=list))
+    assert encoder._layers.encode(name, other) is None
+    assert encoder._layers.encode(name, Task(key, node.func, *leaves)) is None  # no list
+    assert encoder.task_spec(key, other).key == key  # the generic path takes it
+
+
+def test_fused_templates_are_planned_once_per_worker() -> None:
+    """The worker decodes a fused template once (template_plan), not per task."""
+    from shoal.protocol import plain_codec
+    from shoal.protocol.template_plan import TemplatePlan
+
+    dsk, layers, _ = materialised((da.ones((42,), chunks=1) + 3).sum())
+    (name,) = fused_layers(layers)
+    specs, functions, _ = encode(dsk, layers)
+    cache = FunctionCache()
+    cache.add(functions)
+    for spec in specs:
+        if type(spec.key) is tuple and spec.key[0] == name:
+            template_id, _ = plain_codec.loads(spec.payload.data, lambda k: k)
+            assert TemplatePlan.compile(cache.get(template_id), cache.get) is not None
+
+
+# ------------------------------------------------------------------------ a real cluster
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as cluster,
+        Client(cluster, timeout=30) as c,
+    ):
+        yield c
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(fusing()))
+def test_fused_results_through_shoal_equal_sync(
+    client: Client, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted: list[Any] = []
+    real = GraphEncoder.task_spec
+
+    def spy(self: GraphEncoder, key: Any, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(key)
+        return real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(GraphEncoder, "task_spec", spy)
+    c = fusing()[name]()
+    want = expected(c)
+    with dask.config.set({MIN_GROUPS_KEY: 1}):
+        futures = client.compute(c)
+        got = [f.result() for f in futures] if isinstance(futures, list) else [futures.result()]
+        gets = dask.compute(c, scheduler=client.get)[0]
+    gets = gets if isinstance(gets, list) else [gets]
+    for g, w in zip([*got, *gets], [*want, *want], strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    # fewer tasks went to the scheduler than Dask's graph has
+    dsk, _, _ = materialised(c, least=0)
+    assert 0 < len(set(submitted)) < len(dsk)
+
+
+def test_leaf_constants_that_cannot_be_copied_take_the_generic_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shoal.client import layer_encode
+
+    dsk, layers, keys = materialised((da.ones((40,), chunks=1) + 3).sum())
+
+    def refuse(obj: Any, memo: Any = None) -> Any:
+        raise TypeError("cannot copy")
+
+    monkeypatch.setattr(layer_encode, "deepcopy", refuse)
+    (name,) = fused_layers(layers)
+    encoder = GraphEncoder(FunctionTable(), {})
+    encoder.start_graph(layers)
+    assert encoder._layers.encode(name, dsk[(name, 0)]) is None
+    np.testing.assert_allclose(through_the_encoder(dsk, layers, keys)[0], 160.0)

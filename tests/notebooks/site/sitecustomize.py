@@ -2,7 +2,11 @@
 PYTHONPATH): with NOTEBOOK_SCRIPT and NOTEBOOK_SLEEP_SCALE set, ``time.sleep`` called
 from that script's own code (the notebook's simulated work, in the client or in a
 worker running its functions) sleeps that fraction of the time, so that the notebooks
-fit the CI budget unchanged. Other callers' sleeps are untouched."""
+fit the CI budget unchanged. Other callers' sleeps are untouched.
+
+The script's code is recognised by its globals' ``__file__`` (run_notebook.py runs it
+with ``__file__`` set to the script): in a worker, a function cloudpickle sent by value
+has ``<dynamic-code>`` as its code's file name, but keeps its module's ``__file__``."""
 
 import os
 import sys
@@ -15,7 +19,7 @@ if _script and _scale != 1:
     _sleep = time.sleep
 
     def _scaled_sleep(seconds: float) -> None:
-        if sys._getframe(1).f_code.co_filename == _script:
+        if sys._getframe(1).f_globals.get("__file__") == _script:
             seconds = seconds * _scale
         _sleep(seconds)
 

@@ -105,8 +105,11 @@ def test_objects_someone_froze_stay_frozen():
     try:
         frozen = gc.get_freeze_count()
         with gc_paused():
-            made = [[i] for i in range(1_000)]
-        assert gc.get_freeze_count() == frozen
+            made = [[i] for i in range(10_000)]
+        # Freezing again would add the 10,001 objects made, unfreezing drop the count to
+        # 0. (Not an exact equality: other threads of a test process, xdist's own, may
+        # free a few frozen objects meanwhile; seen: 2.)
+        assert frozen - 1_000 < gc.get_freeze_count() <= frozen
         del made
     finally:
         gc.unfreeze()

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sizes import sized
 
-from shoal import Client, LocalCluster
+from shoal import Client
 from shoal.client import blockwise_expand, dask_graph
 
 
@@ -375,15 +375,6 @@ def test_concatenate_true_is_left_to_dask() -> None:
 
 
 # ------------------------------------------------------------------------ a real cluster
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as cluster,
-        Client(cluster, timeout=30) as c,
-    ):
-        yield c
 
 
 @pytest.mark.timeout(120)

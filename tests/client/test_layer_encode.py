@@ -6,7 +6,6 @@ its layer's template with other per-block values is encoded the generic way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
@@ -19,7 +18,7 @@ from dask._task_spec import DataNode, Task, TaskRef, execute_graph
 from dask.base import collections_to_expr
 from hypothesis import given, settings
 
-from shoal import Client, LocalCluster
+from shoal import Client
 from shoal.client import blockwise_expand, layer_encode
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.graph_order import dependency_first
@@ -207,15 +206,6 @@ def test_small_layers_are_left_to_the_generic_encoder(monkeypatch: pytest.Monkey
 
 
 # ------------------------------------------------------------------------ a real cluster
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as cluster,
-        Client(cluster, timeout=30) as c,
-    ):
-        yield c
 
 
 @pytest.mark.timeout(120)

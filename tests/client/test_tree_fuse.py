@@ -4,7 +4,6 @@ only where every rule holds, and the fused tasks encoded as one template each.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -16,7 +15,7 @@ from dask._task_spec import Alias, DataNode, Task, TaskRef, _identity_cast, exec
 from dask.base import collections_to_expr
 from dask.core import flatten
 
-from shoal import Client, LocalCluster
+from shoal import Client
 from shoal.client import blockwise_expand, tree_fuse
 from shoal.client.dask_graph import GraphEncoder
 from shoal.client.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
@@ -361,15 +360,6 @@ def test_fused_templates_are_planned_once_per_worker() -> None:
 
 
 # ------------------------------------------------------------------------ a real cluster
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, timeout=60) as cluster,
-        Client(cluster, timeout=30) as c,
-    ):
-        yield c
 
 
 @pytest.mark.timeout(120)

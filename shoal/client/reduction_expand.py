@@ -153,7 +153,7 @@ def _built(key: Key, func: Any, items: list) -> Any:
     """The nodes of :func:`_reduction_task`, their slots set directly: Dask's
     ``__init__`` work out each node's dependencies one argument at a time, here all
     of them are the items (a reduction task costs a third)."""
-    from dask._task_spec import Alias, Task, _identity_cast
+    from dask._task_spec import Alias
 
     new: Any = object.__new__  # (nodes typed Any: Dask types its keys its own way)
     aliases = []
@@ -162,14 +162,19 @@ def _built(key: Key, func: Any, items: list) -> Any:
         alias.key = alias.target = item
         alias._dependencies = frozenset((item,))
         aliases.append(alias)
-    deps = frozenset(items)
+    return list_reduction_task(key, func, tuple(aliases), frozenset(items))
+
+
+def list_reduction_task(key: Key, func: Any, items: tuple, deps: Any) -> Any:
+    """``Task(key, func, Task(None, _identity_cast, *items, typ=list))`` with both nodes'
+    slots set directly, ``deps`` (a frozenset) being both nodes' dependencies, as Dask's
+    constructors would find them in ``items`` (the caller's check on a sample,
+    ``_same_slots``, guards that this is what they build)."""
+    from dask._task_spec import Task, _identity_cast
+
+    new: Any = object.__new__
     inner = new(Task)
-    inner.key, inner.func, inner.args, inner.kwargs = (
-        None,
-        _identity_cast,
-        tuple(aliases),
-        {"typ": list},
-    )
+    inner.key, inner.func, inner.args, inner.kwargs = None, _identity_cast, items, {"typ": list}
     outer = new(Task)
     outer.key, outer.func, outer.args, outer.kwargs = key, func, (inner,), {}
     for node in (inner, outer):

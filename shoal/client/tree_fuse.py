@@ -223,20 +223,11 @@ def _direct() -> Callable[[Key, Any, list], Any]:
     typ=list))`` with the two nodes' slots set directly: the leaves are roots, so
     neither node has a dependency, and Dask's constructors would only walk the
     arguments to find none."""
-    from dask._task_spec import Task, _identity_cast, _no_deps
+    from dask._task_spec import _no_deps
 
-    new: Any = object.__new__
+    from shoal.client.reduction_expand import list_reduction_task
 
     def built(key: Key, func: Any, leaves: list) -> Any:
-        cast = new(Task)
-        cast.key, cast.func, cast.args = None, _identity_cast, tuple(leaves)
-        cast.kwargs = {"typ": list}
-        outer = new(Task)
-        outer.key, outer.func, outer.args, outer.kwargs = key, func, (cast,), {}
-        for node in (cast, outer):
-            node._dependencies = _no_deps
-            node._is_coro = node._token = node._repr = None
-            node._data_producer = False
-        return outer
+        return list_reduction_task(key, func, tuple(leaves), _no_deps)
 
     return built

@@ -16,9 +16,10 @@ task when there are at least ``shoal.client.fuse-reductions.min-groups`` groups:
 same results, from about a quarter of the tasks). "scheduled tasks" is the number of
 tasks the scheduler holds and runs (for Dask the same as "tasks"). The CPU columns
 per task are over "tasks" (the graph's work, comparable with and without fusion);
-"ingest tasks/s" and "B/task" are over "scheduled tasks" (what the scheduler holds). ``k`` is new for every run (so every run has new
-keys and dask cannot reuse an expression or graph made for an earlier one), and the
-result, ``c * (1 + k)``, is checked.
+"ingest tasks/s" and "B/task" are over "scheduled tasks" (what the scheduler holds).
+``k`` is new for every run (so every run has new keys and dask cannot reuse an
+expression or graph made for an earlier one), and the result, ``c * (1 + k)``, is
+checked.
 
 Layout per system: one scheduler process, the client in this process, on 127.0.0.1
 with OS-chosen ports (Dask: ``--no-dashboard``, its workers ``--no-nanny

@@ -322,13 +322,9 @@ class LayerEncoder:
         """The layer's template: its arguments as the generic encoder converts them,
         a :class:`Slot` at each per-block place, pickled once (as ``_task_call`` makes
         a task's call: nested tasks run through ``run_nested``, partials taken apart)."""
-        places: list[Any] = [*layer.arg_slots, *layer.kwarg_slots]
-        slots: dict[Any, Slot] = {place: Slot(i) for i, place in enumerate(places)}
         generic = self._generic
         generic._nested = False
-        convert = generic._arg
-        args = tuple([slots[i] if i in slots else convert(a) for i, a in enumerate(layer.args)])
-        kwargs = {k: slots[k] if k in slots else convert(v) for k, v in layer.kwargs.items()}
+        args, kwargs = self._converted(layer)
         func = layer.func
         if generic._nested:
             func, args, kwargs = run_nested, (Call(TableFunction(func), args, kwargs),), {}
@@ -339,17 +335,23 @@ class LayerEncoder:
                 func = func.func
         return self._register(func, (args, kwargs))
 
+    def _converted(self, layer: LayerTemplate) -> tuple[tuple, dict]:
+        """The layer's arguments as the generic encoder converts them, ``Slot(i)`` at
+        its ``i``-th per-block place (positions first, then names)."""
+        places: list[Any] = [*layer.arg_slots, *layer.kwarg_slots]
+        slots: dict[Any, Slot] = {place: Slot(i) for i, place in enumerate(places)}
+        convert = self._generic._arg
+        args = tuple([slots[i] if i in slots else convert(a) for i, a in enumerate(layer.args)])
+        kwargs = {k: slots[k] if k in slots else convert(v) for k, v in layer.kwargs.items()}
+        return args, kwargs
+
     def _make_fused(self, layer: FusedReductionTemplate, arity: int) -> _Encoded | None:
         """The template of a fused reduction task of ``arity`` leaves: the reduction's
         call on a list of the leaf layer's call, ``arity`` times, each with its own
         slots (the leaf's per-block places, numbered on from the previous leaf's)."""
         leaf = layer.leaf
         places: list[Any] = [*leaf.arg_slots, *leaf.kwarg_slots]
-        convert = self._generic._arg
-        args = [Slot(0) if i in leaf.arg_slots else convert(a) for i, a in enumerate(leaf.args)]
-        kwargs = {
-            k: Slot(0) if k in leaf.kwarg_slots else convert(v) for k, v in leaf.kwargs.items()
-        }
+        args, kwargs = self._converted(leaf)  # (its slots: the first leaf's)
         calls = []
         for j in range(arity):
             # Each leaf's constants are objects of their own: a template holding one

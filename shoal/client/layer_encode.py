@@ -14,7 +14,9 @@ task applies the layer's function to a list of its input keys, which is its one 
 One whose leaves were fused in (``tree_fuse``) has a :class:`FusedReductionTemplate`:
 a task of ``k`` leaves is encoded as the template for ``k`` (the reduction's call on
 the leaf layer's call ``k`` times, each with its own slots), registered once per
-``k``, and the ``k`` leaves' per-block values one after another.
+``k``, and the ``k`` leaves' per-block values one after another. A level fused over a
+fused level nests the same way: its template is per shape (the tuple of its inputs'
+shapes).
 
 No identity of task objects is trusted: a task is encoded this way only when it *is*
 the template with other values at the per-block places (the same function, the same
@@ -96,7 +98,7 @@ class FusedReductionTemplate:
 
     __slots__ = ("func", "leaf")
 
-    def __init__(self, func: Any, leaf: LayerTemplate):
+    def __init__(self, func: Any, leaf: LayerTemplate | FusedReductionTemplate):
         self.func = func
         self.leaf = leaf
 
@@ -192,25 +194,50 @@ class LayerEncoder:
     def _encode_fused(
         self, name: str, layer: FusedReductionTemplate, node: Any
     ) -> tuple[str, TaskArgs] | None:
-        """A reduction task with its leaves inlined: the template of its arity, and
+        """A reduction task with its leaves inlined: the template of its shape, and
         its leaves' per-block values one after another."""
         inner = self._reduction_inner(node)
         if inner is None:
             return None
-        leaves = inner.args
-        if leaves and type(leaves[0]) is self._alias:  # a task left unfused
+        items = inner.args
+        if items and type(items[0]) is self._alias:  # a task left unfused
             return self._encode_reduction(name, ReductionTemplate(layer.func), node)
-        leaf = layer.leaf
-        func = leaf.func
         values: list[Any] = []
-        for t in leaves:
-            if type(t) is not self._task_type or t.func is not func:
+        shape = self._fused_values(layer, items, values)
+        if shape is None:
+            return None
+        return self._payload((name, shape), layer, values)
+
+    def _fused_values(
+        self, layer: FusedReductionTemplate, items: tuple, values: list[Any]
+    ) -> int | tuple | None:
+        """Appends to ``values`` the per-block values of the leaves under ``items``
+        (the inlined inputs of one of ``layer``'s tasks); returns their shape: the
+        count of leaves over a leaf layer, the tuple of the inputs' shapes over a
+        fused layer; None if a node is not of its template."""
+        below = layer.leaf
+        func = below.func
+        task = self._task_type
+        if type(below) is LayerTemplate:
+            for t in items:
+                if type(t) is not task or t.func is not func:
+                    return None
+                got = self._values(below, t)
+                if got is None:
+                    return None
+                values.extend(got)
+            return len(items)
+        assert type(below) is FusedReductionTemplate
+        shapes = []
+        for t in items:
+            inner = self._reduction_inner(t) if type(t) is task and t.func is func else None
+            if inner is None:
                 return None
-            got = self._values(leaf, t)
-            if got is None:
+            shape = self._fused_values(below, inner.args, values)
+            if shape is None:
                 return None
-            values.extend(got)
-        return self._payload((name, len(leaves)), layer, values)
+            shapes.append(shape)
+        return tuple(shapes)
 
     def _reduction_inner(self, node: Any) -> Any:
         """The inner ``_identity_cast(..., typ=list)`` task of a reduction task, or None."""
@@ -345,28 +372,52 @@ class LayerEncoder:
         kwargs = {k: slots[k] if k in slots else convert(v) for k, v in layer.kwargs.items()}
         return args, kwargs
 
-    def _make_fused(self, layer: FusedReductionTemplate, arity: int) -> _Encoded | None:
-        """The template of a fused reduction task of ``arity`` leaves: the reduction's
-        call on a list of the leaf layer's call, ``arity`` times, each with its own
-        slots (the leaf's per-block places, numbered on from the previous leaf's)."""
-        leaf = layer.leaf
-        places: list[Any] = [*leaf.arg_slots, *leaf.kwarg_slots]
-        args, kwargs = self._converted(leaf)  # (its slots: the first leaf's)
-        calls = []
-        for j in range(arity):
-            # Each leaf's constants are objects of their own: a template holding one
-            # object in two places is not planned on the worker (template_plan).
-            first = j * len(places)
-            slots = {place: Slot(first + i) for i, place in enumerate(places)}
-            try:
-                own_args, own_kwargs = (args, kwargs) if j == 0 else deepcopy((args, kwargs))
-            except Exception:  # an object that cannot be copied: the generic encoder
-                return None
-            leaf_args = tuple([slots.get(i, a) for i, a in enumerate(own_args)])
-            leaf_kwargs = {k: slots.get(k, v) for k, v in own_kwargs.items()}
-            calls.append(Call(TableFunction(leaf.func), leaf_args, leaf_kwargs))
-        inner = Call(TableFunction(self._identity_cast), tuple(calls), {"typ": list})
-        call = Call(TableFunction(layer.func), (inner,), {})
+    def _make_fused(self, layer: FusedReductionTemplate, shape: Any) -> _Encoded | None:
+        """The template of a fused reduction task of ``shape`` (``_fused_values``): the
+        reduction's call on a list of its inputs' calls, down to the leaf layer's call,
+        each leaf with its own slots (the leaf's per-block places, numbered on from
+        the previous leaf's)."""
+        converted: dict[int, tuple[list[Any], tuple, dict]] = {}
+        slot_count = 0
+
+        def leaf_call(leaf: LayerTemplate) -> Call:
+            nonlocal slot_count
+            places: list[Any]
+            if id(leaf) not in converted:
+                places = [*leaf.arg_slots, *leaf.kwarg_slots]
+                args, kwargs = self._converted(leaf)  # (its slots: the first leaf's)
+                converted[id(leaf)] = places, args, kwargs
+            else:
+                # Each leaf's constants are objects of their own: a template holding
+                # one object in two places is not planned on the worker (template_plan).
+                # Dask's graph nodes stay shared, as the plan shares them (immutable):
+                # every leaf's fused chain is then the same nodes, which the worker's
+                # chain runner works out once (server/fused_chains.py), not per leaf.
+                places, args, kwargs = converted[id(leaf)]
+                try:
+                    args, kwargs = deepcopy((args, kwargs), _graph_nodes((args, kwargs)))
+                except Exception as e:
+                    raise _NotCopyable from e
+            slots = {place: Slot(slot_count + i) for i, place in enumerate(places)}
+            slot_count += len(places)
+            leaf_args = tuple([slots.get(i, a) for i, a in enumerate(args)])
+            leaf_kwargs = {k: slots.get(k, v) for k, v in kwargs.items()}
+            return Call(TableFunction(leaf.func), leaf_args, leaf_kwargs)
+
+        def reduction_call(layer: FusedReductionTemplate, shape: Any) -> Call:
+            below = layer.leaf
+            if type(below) is LayerTemplate:
+                items = [leaf_call(below) for _ in range(shape)]
+            else:
+                assert type(below) is FusedReductionTemplate
+                items = [reduction_call(below, s) for s in shape]
+            inner = Call(TableFunction(self._identity_cast), tuple(items), {"typ": list})
+            return Call(TableFunction(layer.func), (inner,), {})
+
+        try:
+            call = reduction_call(layer, shape)
+        except _NotCopyable:  # a constant that cannot be copied: the generic encoder
+            return None
         return self._register(run_nested, ((call,), {}))
 
 
@@ -393,3 +444,28 @@ def _exact_key(values: list[Any]) -> tuple | None:
 
 
 _NOT_PLAIN = object()  # a per-block value this module does not encode
+
+
+def _graph_nodes(obj: Any) -> dict[int, Any]:
+    """Dask's graph nodes in ``obj`` (through containers and nested calls, not into
+    the nodes), by id: a ``deepcopy`` memo that keeps them shared."""
+    from dask._task_spec import GraphNode
+
+    found: dict[int, Any] = {}
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, GraphNode):
+            found[id(x)] = x
+        elif type(x) is tuple or type(x) is list or type(x) is set:
+            stack.extend(x)
+        elif type(x) is dict:
+            stack.extend(x.values())
+        elif type(x) is Call:
+            stack.extend(x.args)
+            stack.extend(x.kwargs.values())
+    return found
+
+
+class _NotCopyable(Exception):
+    """A leaf's constants cannot be copied for the next leaf of a fused template."""

@@ -6,19 +6,28 @@ no dependency) and a reduction tree over them (``partial_reduce``, 4 inputs per 
 by default): three quarters of the tasks are leaves doing microseconds of work, each
 costing the scheduler and a worker far more than that. Dask's legacy optimiser fused
 such leaves into their reduction (``dask.optimization.fuse`` with ``ave_width``); this
-module does the same on Dask's task spec, one level only: a reduction task ``P =
-func([L1, ..., Lk])`` becomes ``func([leaf1(...), ..., leafk(...)])``, the leaves
-inlined as inner tasks of ``P`` (the very nodes, keys and all, as Dask's ``Task.fuse``
-keeps them in a fused subgraph), and the ``Li`` keys leave the graph. ``P``
-keeps its key, its function and its result; each leaf does the same work as before,
-inside ``P``'s task, one after another.
+module does the same on Dask's task spec: a reduction task ``P = func([L1, ..., Lk])``
+becomes ``func([leaf1(...), ..., leafk(...)])``, the leaves inlined as inner tasks of
+``P`` (the very nodes, keys and all, as Dask's ``Task.fuse`` keeps them in a fused
+subgraph), and the ``Li`` keys leave the graph. ``P`` keeps its key, its function and
+its result; each leaf does the same work as before, inside ``P``'s task, one after
+another.
+
+Then level by level: a fused ``P`` is a root with one dependent, a leaf like any
+other, so the level above fuses its ``P``s in the same way (``Q = func2([P1(...), ...])``,
+each ``Pi`` with its leaves inlined), under the same rules, while the level still gets
+``min-groups`` tasks and each task holds at most ``MAX_LEAVES`` leaves. On the
+million-task graph_scale graph that is three levels: 15,628 tasks of up to 64 leaves
+instead of 250,003 of 4, and with it a quarter of the workers' CPU and nearly all of the
+scheduler's (every task costs both a message, a state change and a report).
 
 A group (``P`` with its leaves) is fused only when all of these hold:
 
 * every ``Li`` is a task of one large expanded Blockwise layer (it has a
   ``LayerTemplate``: the encoder then sends the fused task as one template, see
-  ``layer_encode.FusedReductionTemplate``) and ``P`` a task of a reduction layer (a
-  ``ReductionTemplate``: exactly ``func([Alias(L1), ..., Alias(Lk)])``);
+  ``layer_encode.FusedReductionTemplate``), or a task fused at the level below, and
+  ``P`` a task of a reduction layer (a ``ReductionTemplate``: exactly
+  ``func([Alias(L1), ..., Alias(Lk)])``);
 * every ``Li`` is a root (no dependency at all): fusing moves no data anywhere, and
   ``P`` becomes a root too;
 * every ``Li`` has exactly one dependent, ``P`` (and is named once in ``P``'s list):
@@ -55,6 +64,9 @@ from shoal.protocol.messages import Key
 
 MIN_GROUPS = 10_000  # the default of shoal.client.fuse-reductions.min-groups
 CONFIG_KEY = "client.fuse-reductions.min-groups"
+# The most leaves a task fused over several levels may hold: its template (one call
+# per leaf) stays a few KiB, and the task milliseconds long.
+MAX_LEAVES = 64
 
 
 def min_groups() -> int:
@@ -93,8 +105,10 @@ def fuse_reduction_leaves(
     from dask._task_spec import Alias, Task, _identity_cast
 
     # One pass over the graph: the candidate groups by reduction layer (P's key, P,
-    # its leaves' keys), P of the exact shape the reduction conversion makes, its
-    # inputs all of one leaf layer; and every key another task depends on.
+    # its inputs' keys, their layer), P of the exact shape the reduction conversion
+    # makes, its inputs all of one leaf layer or one reduction layer (a level below,
+    # fused first); and every key another task depends on.
+    sources = leaf_layers | reductions.keys()
     candidates: dict[str, list[tuple[Key, Any, list[Any], str]]] = {}
     needed: set[Key] = set()
     for key, node in dsk.items():
@@ -104,9 +118,9 @@ def fuse_reduction_leaves(
                 continue  # a root (a possible leaf): depends on nothing
             if type(key) is tuple and key and key[0] in reductions:
                 targets = _reduction_inputs(node, reductions[key[0]].func, Alias, _identity_cast)
-                leaf_layer = _one_leaf_layer(targets, leaf_layers) if targets else None
-                if targets and leaf_layer is not None:
-                    candidates.setdefault(key[0], []).append((key, node, targets, leaf_layer))
+                source = _one_layer(targets, sources) if targets else None
+                if targets and source is not None:
+                    candidates.setdefault(key[0], []).append((key, node, targets, source))
                     continue
         else:
             deps = node.dependencies
@@ -126,41 +140,85 @@ def fuse_reduction_leaves(
             seen.update(deps)
     del seen
     needed.update(keys)  # keys asked for are results someone holds: kept
+    # Level by level: a reduction layer is fused once the layer below it is (its
+    # inputs are leaves, or tasks fused at the level below, now roots themselves).
     build = _builder()
-    fused: dict[Key, Any] = {}
-    dropped: list[Key] = []
-    for name, groups in candidates.items():
-        made: dict[Key, Any] = {}
-        gone: list[Key] = []
-        leaf_name = groups[0][3]
-        leaf_func = templates[leaf_name].func
-        for key, node, targets, leaf_layer in groups:
-            deps = node._dependencies
-            # a key named twice in P's list would be computed twice, inlined
-            if len(deps) != len(targets) or not needed.isdisjoint(deps):
-                continue
-            if leaf_layer != leaf_name:
-                continue  # (one leaf layer per reduction layer: its one template)
-            leaves = [dsk[t] for t in targets]
-            # (a Task's block_fusion is GraphNode's: False)
-            if all(
-                type(leaf) is Task and not leaf._dependencies and leaf.func is leaf_func
-                for leaf in leaves
-            ):
-                made[key] = build(key, node.func, leaves)
-                gone.extend(targets)
-        if len(made) < least:
-            continue
-        fused.update(made)
-        dropped.extend(gone)
-        leaf_template = templates[leaf_name]
-        assert type(leaf_template) is LayerTemplate
-        templates[name] = FusedReductionTemplate(reductions[name].func, leaf_template)
-    # In place: a fused task keeps its key's place, its leaves leave the graph.
-    dsk.update(fused)
-    for t in dropped:
-        del dsk[t]
+    fused: dict[str, dict[Key, int]] = {}  # layer -> its fused tasks' leaf counts
+    pending = dict(candidates)
+    while True:
+        ready = [n for n, groups in pending.items() if _ready(groups[0][3], leaf_layers, fused)]
+        if not ready:
+            break
+        for name in ready:
+            groups = pending.pop(name)
+            source = groups[0][3]
+            counts = _fuse_layer(dsk, groups, source, templates, fused, needed, least, build)
+            if counts:
+                fused[name] = counts
+                below = templates[source]
+                assert type(below) is LayerTemplate or type(below) is FusedReductionTemplate
+                templates[name] = FusedReductionTemplate(reductions[name].func, below)
     return dsk
+
+
+def _ready(source: str, leaf_layers: set[str], fused: dict[str, dict[Key, int]]) -> bool:
+    """Whether a reduction layer over ``source`` can be fused now: its inputs are
+    leaves, or tasks of a layer already fused."""
+    return source in leaf_layers or source in fused
+
+
+def _fuse_layer(
+    dsk: dict[Key, Any],
+    groups: list[tuple[Key, Any, list[Any], str]],
+    source: str,
+    templates: dict[str, Template],
+    fused: dict[str, dict[Key, int]],
+    needed: set[Key],
+    least: int,
+    build: Callable[[Key, Any, list], Any],
+) -> dict[Key, int]:
+    """Fuses ``groups`` (one reduction layer's) into ``dsk`` in place, if at least
+    ``least`` of them may be; returns each fused task's count of leaves (empty: none
+    fused)."""
+    from dask._task_spec import Task
+
+    below = fused.get(source)  # the fused tasks of the level below, or None: leaves
+    leaf_func = templates[source].func
+    made: dict[Key, Any] = {}
+    counts: dict[Key, int] = {}
+    gone: list[Key] = []
+    for key, node, targets, layer in groups:
+        deps = node._dependencies
+        # a key named twice in P's list would be computed twice, inlined
+        if len(deps) != len(targets) or not needed.isdisjoint(deps):
+            continue
+        if layer != source:
+            continue  # (one source layer per reduction layer: its one template)
+        items = [dsk[t] for t in targets]
+        if below is None:
+            # (a Task's block_fusion is GraphNode's: False)
+            if not all(
+                type(leaf) is Task and not leaf._dependencies and leaf.func is leaf_func
+                for leaf in items
+            ):
+                continue
+            count = len(items)
+        else:
+            if not all(t in below for t in targets):
+                continue  # an input left unfused: not a root
+            count = sum([below[t] for t in targets])
+            if count > MAX_LEAVES:
+                continue
+        made[key] = build(key, node.func, items)
+        counts[key] = count
+        gone.extend(targets)
+    if len(made) < least:
+        return {}
+    # In place: a fused task keeps its key's place, its inputs leave the graph.
+    dsk.update(made)
+    for t in gone:
+        del dsk[t]
+    return counts
 
 
 def _reduction_inputs(node: Any, func: Any, alias: Any, identity_cast: Any) -> list[Any] | None:
@@ -187,10 +245,10 @@ def _reduction_inputs(node: Any, func: Any, alias: Any, identity_cast: Any) -> l
     return targets
 
 
-def _one_leaf_layer(targets: list[Any], leaf_layers: set[str]) -> str | None:
-    """The leaf layer all ``targets`` are keys of, or None."""
+def _one_layer(targets: list[Any], layers: set[str]) -> str | None:
+    """The one layer of ``layers`` all ``targets`` are keys of, or None."""
     first = targets[0]
-    if type(first) is not tuple or not first or first[0] not in leaf_layers:
+    if type(first) is not tuple or not first or first[0] not in layers:
         return None
     name = first[0]
     if all(type(t) is tuple and t and t[0] == name for t in targets):

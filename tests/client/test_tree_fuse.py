@@ -183,7 +183,9 @@ def _plain() -> tuple[dict, dict, list, str, list]:
     return dsk, layers, keys, name, groups
 
 
-def _fuse(dsk: dict, layers: dict, keys: list, least: int = 1) -> dict:
+def _fuse(dsk: dict, layers: dict, keys: list, least: int = 4) -> dict:
+    """``dsk`` fused; by default only its first level (of 10 groups; the level above
+    has 3, under 4)."""
     return tree_fuse.fuse_reduction_leaves(dict(dsk), keys, dict(layers), least)
 
 
@@ -305,13 +307,145 @@ def test_low_level_fusion_off_fuses_nothing() -> None:
         np.testing.assert_array_equal(results(dsk, keys)[0], 160.0)
 
 
+# ------------------------------------------------------------------------ levels
+
+
+def _levels(n: int = 160) -> tuple[dict, dict, list, list[str]]:
+    """An unfused graph_scale graph of ``n`` leaves, its templates, keys, and its
+    reduction layers from the leaves up (160 leaves: levels of 40, 10 and 3 tasks)."""
+    dsk, layers, keys = materialised((da.ones((n,), chunks=1) + 3).sum(), least=0)
+    order: list[str] = []
+    below = {k[0] for k in dsk if type(k) is tuple and type(layers.get(k[0])) is LayerTemplate}
+    while True:
+        above = {
+            k[0]
+            for k, v in dsk.items()
+            if type(k) is tuple
+            and type(layers.get(k[0])) is ReductionTemplate
+            and v.args[0].args[0].target[0] in below
+        }
+        if not above:
+            return dsk, layers, keys, order
+        (name,) = above
+        order.append(name)
+        below = above
+
+
+def _tasks_of(dsk: dict, name: str) -> list:
+    return [k for k in dsk if type(k) is tuple and k[0] == name]
+
+
+def test_levels_fuse_while_each_has_min_groups() -> None:
+    """Each level of 10 tasks or more fuses into the level above: 160 leaves into 10
+    tasks of 16 (4 tasks of 4 leaves each, inlined); the 3 tasks above stay."""
+    dsk, layers, keys, (one, two, three) = _levels()
+    fused = _fuse(dsk, layers, keys, least=10)
+    assert _tasks_of(fused, one) == [] and len(_tasks_of(fused, two)) == 10
+    assert len(fused) == len(dsk) - 160 - 40
+    p, unfused = fused[(two, 0)], dsk[(two, 0)]
+    assert p.func is unfused.func and not p.dependencies
+    children = p.args[0].args
+    assert [c.key for c in children] == [a.target for a in unfused.args[0].args]
+    for child in children:
+        assert child is not dsk[child.key] and not child.dependencies
+        assert child.func is dsk[child.key].func
+        leaves = [dsk[a.target] for a in dsk[child.key].args[0].args]
+        assert all(t is leaf for t, leaf in zip(child.args[0].args, leaves, strict=True))
+    assert all(fused[k].dependencies for k in _tasks_of(fused, three))  # not fused
+    np.testing.assert_array_equal(results(fused, keys)[0], 640.0)
+    # one level more with 3 groups allowed: 64, 64 and 32 leaves
+    assert len(_fuse(dsk, layers, keys, least=3)) == len(dsk) - 160 - 40 - 10
+
+
+def test_a_fused_task_holds_at_most_max_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    dsk, layers, keys, (one, two, _) = _levels()
+    monkeypatch.setattr(tree_fuse, "MAX_LEAVES", 15)  # a level-two task has 16
+    fused = _fuse(dsk, layers, keys, least=1)
+    assert len(_tasks_of(fused, one)) == 40 and all(
+        fused[k].dependencies for k in fused if k[0] == two
+    )
+    monkeypatch.setattr(tree_fuse, "MAX_LEAVES", 16)
+    fused = _fuse(dsk, layers, keys, least=1)
+    assert _tasks_of(fused, one) == [] and not any(
+        fused[k].dependencies for k in _tasks_of(fused, two)
+    )
+    np.testing.assert_array_equal(results(fused, keys)[0], 640.0)
+
+
+def test_a_group_over_an_unfused_task_is_not_fused() -> None:
+    """A leaf asked for keeps its task unfused at the first level, so the task above
+    it has an input that is not a root: it stays as it was, its 9 peers fuse."""
+    dsk, layers, keys, (one, two, _) = _levels()
+    leaf = dsk[(one, 5)].args[0].args[2].target
+    fused = _fuse(dsk, layers, [*keys, leaf], least=9)
+    assert leaf in fused and (one, 5) in fused and fused[(one, 5)].dependencies
+    p = (two, 1)  # over (one, 4) ... (one, 7)
+    assert fused[p].dependencies == {(one, i) for i in range(4, 8)}
+    assert {k for k in _tasks_of(fused, one)} == {(one, i) for i in range(4, 8)}
+    assert all(not fused[k].dependencies for k in _tasks_of(fused, two) if k != p)
+    got = results(fused, [*keys, leaf])
+    np.testing.assert_array_equal(got[0], 640.0)
+    np.testing.assert_array_equal(got[1], np.full((1,), 4.0))
+
+
+def test_the_levels_are_encoded_as_one_template_per_shape() -> None:
+    # 166 leaves: 42 tasks (the last of 2 leaves), then 11 (the last over 2 of them)
+    fused, layers, keys = materialised((da.ones((166,), chunks=1) + 3).sum(), least=10)
+    names = fused_layers(layers)
+    assert len(names) == 2
+    used = assert_encoded_alike(fused, layers)
+    specs, _, encoder = encode(fused, layers)
+    top = [s for s in specs if type(s.key) is tuple and s.key[0] in names]
+    assert len(top) == 11 and all(s.payload.kind == TEMPLATE for s in top)
+    assert used == encoder._layers.encoded >= 11
+    made = {n[1] for n in encoder._layers._made if type(n) is tuple}
+    # ten tasks of 4 x 4 leaves, and the last over one task of 4 and one of 2
+    assert made == {(4, 4, 4, 4), (4, 2)}
+    np.testing.assert_allclose(through_the_encoder(fused, layers, keys)[0], 664.0)
+
+
+def test_a_fused_templates_leaves_share_their_chains_nodes() -> None:
+    """Each leaf's constants are copied (a template holds no object twice) but Dask's
+    graph nodes are not: on the worker every leaf of a task runs the same fused chain,
+    which the chain runner works out once."""
+    from shoal.protocol import plain_codec
+    from shoal.protocol.calls import Call
+    from shoal.protocol.template_plan import TemplatePlan
+
+    dsk, layers, _ = materialised((da.ones((160,), chunks=1) + 3).sum(), least=10)
+    specs, functions, _ = encode(dsk, layers)
+    cache = FunctionCache()
+    cache.add(functions)
+    (upper,) = [n for n in fused_layers(layers) if type(layers[n].leaf) is FusedReductionTemplate]
+    (spec, *_) = [s for s in specs if type(s.key) is tuple and s.key[0] == upper]
+    template_id, slots = plain_codec.loads(spec.payload.data, lambda k: k)
+    plan = TemplatePlan.compile(cache.get(template_id), cache.get)
+    assert plan is not None
+    (call,), _ = plan.fill(slots, lambda k: k)
+    subgraphs = []
+
+    def walk(c: Any) -> None:
+        if type(c) is Call:
+            if isinstance(c.args[0], dict):
+                subgraphs.append(c.args[0])
+            for a in c.args:
+                walk(a)
+
+    walk(call)
+    assert len(subgraphs) == 16
+    assert len({id(g) for g in subgraphs}) == 16  # a dict of its own per leaf
+    first = subgraphs[0]
+    assert all(all(g[k] is first[k] for k in first) for g in subgraphs)
+
+
 # ------------------------------------------------------------------------ the encoder
 
 
 def test_fused_tasks_take_the_template_path() -> None:
     """Every fused task is encoded from its template (of its number of leaves), and
     decodes exactly as the generic encoder's."""
-    dsk, layers, keys = materialised((da.ones((406,), chunks=1) + 3).sum())
+    # (102 groups on the first level, 26 above: only the first fuses)
+    dsk, layers, keys = materialised((da.ones((406,), chunks=1) + 3).sum(), least=30)
     (name,) = fused_layers(layers)
     fused = [k for k in dsk if type(k) is tuple and k[0] == name]
     assert len(fused) == 102  # 101 of 4 leaves, the last of 2
@@ -325,7 +459,7 @@ def test_fused_tasks_take_the_template_path() -> None:
 
 
 def test_a_fused_task_not_of_its_template_is_encoded_generically() -> None:
-    dsk, layers, _ = materialised((da.ones((40,), chunks=1) + 3).sum())
+    dsk, layers, _ = materialised((da.ones((40,), chunks=1) + 3).sum(), least=4)
     (name,) = fused_layers(layers)
     key = (name, 0)
     node = dsk[key]
@@ -349,14 +483,18 @@ def test_fused_templates_are_planned_once_per_worker() -> None:
     from shoal.protocol.template_plan import TemplatePlan
 
     dsk, layers, _ = materialised((da.ones((42,), chunks=1) + 3).sum())
-    (name,) = fused_layers(layers)
+    names = fused_layers(layers)
+    assert len(names) == 2  # two levels: 11 tasks of 4 leaves into 3 of 16, 16 and 10
     specs, functions, _ = encode(dsk, layers)
     cache = FunctionCache()
     cache.add(functions)
+    planned = 0
     for spec in specs:
-        if type(spec.key) is tuple and spec.key[0] == name:
+        if type(spec.key) is tuple and spec.key[0] in names:
             template_id, _ = plain_codec.loads(spec.payload.data, lambda k: k)
             assert TemplatePlan.compile(cache.get(template_id), cache.get) is not None
+            planned += 1
+    assert planned == 3  # the upper level's tasks: the lower's are inlined in them
 
 
 # ------------------------------------------------------------------------ a real cluster
@@ -400,7 +538,7 @@ def test_leaf_constants_that_cannot_be_copied_take_the_generic_encoder(
         raise TypeError("cannot copy")
 
     monkeypatch.setattr(layer_encode, "deepcopy", refuse)
-    (name,) = fused_layers(layers)
+    (name, *_) = fused_layers(layers)
     encoder = GraphEncoder(FunctionTable(), {})
     encoder.start_graph(layers)
     assert encoder._layers.encode(name, dsk[(name, 0)]) is None

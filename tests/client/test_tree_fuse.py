@@ -14,6 +14,8 @@ from dask._expr import FinalizeCompute
 from dask._task_spec import Alias, DataNode, Task, TaskRef, _identity_cast, execute_graph
 from dask.base import collections_to_expr
 from dask.core import flatten
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal import Client
 from shoal.client import blockwise_expand, tree_fuse
@@ -436,6 +438,61 @@ def test_a_fused_templates_leaves_share_their_chains_nodes() -> None:
     assert len({id(g) for g in subgraphs}) == 16  # a dict of its own per leaf
     first = subgraphs[0]
     assert all(all(g[k] is first[k] for k in first) for g in subgraphs)
+
+
+def _nodes(node: Any) -> list[Any]:
+    """``node`` and every task inlined in it, depth first."""
+    if type(node) is not Task:
+        return []
+    out = [node]
+    for a in node.args:
+        out.extend(_nodes(a))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    split_every=st.sampled_from([2, 3, 4, 8]),
+    least=st.integers(1, 60),
+    max_leaves=st.sampled_from([4, 9, 16, 64]),
+)
+def test_any_tree_fuses_to_the_same_result_within_the_rules(
+    n: int, split_every: int, least: int, max_leaves: int
+) -> None:
+    """Whatever the tree's size and fan-in, and the rules' bounds: the fused graph
+    computes what the unfused one does (run directly and through the encoder), keeps
+    every key asked for, holds every leaf exactly once, fuses only levels of at least
+    ``least`` tasks, and no task fused above the first level holds more than
+    ``max_leaves`` leaves."""
+    c = (da.ones((n,), chunks=1) + 3).sum(split_every=split_every)
+    plain, layers, keys = materialised(c, least=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tree_fuse, "MAX_LEAVES", max_leaves)
+        fused = tree_fuse.fuse_reduction_leaves(dict(plain), keys, layers, least)
+    assert all(k in fused for k in keys) and set(fused) <= set(plain)
+    want = float(4 * n)
+    np.testing.assert_array_equal(results(fused, keys)[0], want)
+    np.testing.assert_array_equal(through_the_encoder(fused, layers, keys)[0], want)
+    every = [t for v in fused.values() for t in _nodes(v)]
+    by_layer: dict[Any, list[Any]] = {}
+    for t in every:
+        if type(t.key) is tuple:
+            by_layer.setdefault(t.key[0], []).append(t)
+    # each leaf Dask left as a task of its own (a lone input may be in a linear chain)
+    # is in the fused graph exactly once, as itself or inlined: none lost, none twice
+    leaf_names = {n for n, t in layers.items() if type(t) is LayerTemplate}
+    for leaf_name in leaf_names:
+        want_keys = sorted(k for k in plain if type(k) is tuple and k[0] == leaf_name)
+        got_keys = sorted(t.key for t in by_layer.get(leaf_name, []))
+        assert got_keys == want_keys
+    for name in fused_layers(layers):
+        roots = [t for t in by_layer[name] if not t.dependencies]
+        assert len(roots) >= least
+        if type(layers[name].leaf) is FusedReductionTemplate:
+            for t in roots:
+                held = [u for u in _nodes(t) if type(u.key) is tuple and u.key[0] in leaf_names]
+                assert len(held) <= max_leaves
 
 
 # ------------------------------------------------------------------------ the encoder

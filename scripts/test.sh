@@ -10,4 +10,4 @@ python -m mypy -p shoal
 # Two test processes: most tests wait on their clusters' processes, so two at a time
 # roughly halve the wall time on two cores (tests/conftest.py groups the ones that share
 # a machine-wide resource).
-python -m pytest -q -n 2 --dist loadgroup "$@"
+python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"

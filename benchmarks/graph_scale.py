@@ -40,7 +40,8 @@ machine's load falls on both alike. Two modes:
   peak RSS (VmHWM, reset through ``/proc/PID/clear_refs`` just before the call, cross-
   checked by sampling VmRSS every 20 ms from a process of its own) minus its RSS
   before, over the scheduled tasks; the bar's row divides the same bytes by the
-  graph's tasks (with fusion, one scheduled task holds up to 64 of them).
+  graph's tasks (fused, a scheduled task holds up to 64 leaves and the 21 tasks
+  that reduce them).
   Then, shoal only, two ``--zero`` workers (which report every task done at once
   without running it) are started and "zero-work finish s" is the time from starting
   them to the result: the scheduler's own cost of running the graph it holds.

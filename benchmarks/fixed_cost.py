@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     import dask
 
     from benchmarks.cluster import SYSTEMS, Cluster
-    from shoal.client import collections, futures
+    from shoal.client import futures
+    from shoal.client.graph import collections
 
     _wrap(collections, "get", "get")
     _wrap(collections, "submit_graph", "submit_graph")

@@ -52,7 +52,7 @@ machine's load falls on both alike. Two modes:
   side, less sensitive to a shared machine's load than the wall-clock time.
 
 Where the client's time goes (shoal): simple timers in this process around dask's
-graph materialisation (``shoal.client.collections.materialize``: lowering the
+graph materialisation (``shoal.client.graph.collections.materialize``: lowering the
 expression, materialising its graph and converting it to Dask's task spec),
 ``dask.order.order`` (where shoal bounds it, its ``submission_order``: dask.order or the
 cheap order above ``shoal.client.order.max-tasks``) and shoal's encoding of each task
@@ -171,11 +171,11 @@ class PhaseTimers:
     def __enter__(self) -> PhaseTimers:
         import dask.order
 
-        from shoal.client import collections
-        from shoal.client.dask_graph import GraphEncoder
+        from shoal.client.graph import collections
+        from shoal.client.graph.dask_graph import GraphEncoder
 
         try:
-            from shoal.client import tree_fuse
+            from shoal.client.graph import tree_fuse
         except ImportError:  # a shoal without reduction fusion
             tree_fuse = None
 

@@ -9,7 +9,7 @@ Two parts:
   graph is kept once however often it is ordered). For each: the peak memory (the largest
   number of results held when the tasks run one at a time in that order, as
   ``dask.order.diagnostics`` computes it) under ``dask.order``, under
-  :func:`shoal.client.graph_order.dependency_first`, and under shoal's choice
+  :func:`shoal.client.graph.order.dependency_first`, and under shoal's choice
   (``submission_order`` with the default ``shoal.client.order.max-tasks``).
 * large array graphs (``--large`` tasks or so each; the first is graph_scale's
   ``(da.ones((c,), chunks=1) + k).sum()``): both orders' peak memory and µs per task.
@@ -54,13 +54,13 @@ def as_nodes(dsk: Mapping[Any, Any]) -> dict[Any, Any]:
 
 
 def cheap_order(dsk: Mapping[Any, Any]) -> list[Any]:
-    from shoal.client.graph_order import dependency_first
+    from shoal.client.graph.order import dependency_first
 
     return dependency_first(as_nodes(dsk))
 
 
 def shoal_order(dsk: Mapping[Any, Any]) -> list[Any]:
-    from shoal.client.graph_order import DEFAULT_MAX_TASKS, submission_order
+    from shoal.client.graph.order import DEFAULT_MAX_TASKS, submission_order
 
     return submission_order(as_nodes(dsk), DEFAULT_MAX_TASKS)
 
@@ -163,8 +163,8 @@ def large_row(name: str, build: Callable[[], Any]) -> dict[str, Any]:
     from dask.base import collections_to_expr
     from dask.order import order
 
-    from shoal.client.dask_graph import materialize
-    from shoal.client.graph_order import dependency_first
+    from shoal.client.graph.dask_graph import materialize
+    from shoal.client.graph.order import dependency_first
 
     expr = FinalizeCompute(collections_to_expr([build()], True)).optimize()
     dsk, _ = materialize(expr)

@@ -6,7 +6,7 @@ runs each cell many times, alternating, run by run:
 * ``sync``: ``coll.compute(scheduler="sync")``, the local baseline;
 * ``shoal``: ``client.compute(coll, sync=True)``, the real path end to end;
 * ``phased``: the same path taken apart step by step (a copy of
-  ``shoal/client/collections.py``'s ``compute`` and ``submit_graph``), each step timed:
+  ``shoal/client/graph/collections.py``'s ``compute`` and ``submit_graph``), each step timed:
   Dask's optimisation, materialisation, cull and checks, ``dask.order``, shoal's
   topological pass, encoding, the submit call, waiting for the results to be done
   (scheduler and workers), and the gather.
@@ -89,16 +89,16 @@ def make_cells(rows: int) -> dict[str, Callable[[], Any]]:
 
 def phased_compute(client: Any, coll: Any) -> tuple[Any, dict[str, float], int]:
     """``client.compute(coll, sync=True)`` step by step: (value, seconds per phase,
-    tasks). Mirrors shoal/client/collections.py (compute, submit_graph)."""
+    tasks). Mirrors shoal/client/graph/collections.py (compute, submit_graph)."""
     import dask
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
     from dask.order import order
 
     import shoal
-    from shoal.client import collections as coll_mod
-    from shoal.client.collections import materialize  # the client's own (blockwise_expand)
-    from shoal.client.dask_graph import (
+    from shoal.client.graph import collections as coll_mod
+    from shoal.client.graph.collections import materialize  # the client's own (blockwise_expand)
+    from shoal.client.graph.dask_graph import (
         annotations_for,
         check_graph,
         cull,

@@ -35,10 +35,10 @@ def encoded_graph(chunks: int) -> tuple[list[bytes], int]:
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
 
-    from shoal.client.blockwise_expand import materialize
-    from shoal.client.collections import PART_SIZE, _flatten
-    from shoal.client.dask_graph import GraphEncoder, cull
-    from shoal.client.graph_order import order_bound, submission_order
+    from shoal.client.graph.blockwise_expand import materialize
+    from shoal.client.graph.collections import PART_SIZE, _flatten
+    from shoal.client.graph.dask_graph import GraphEncoder, cull
+    from shoal.client.graph.order import order_bound, submission_order
     from shoal.protocol import messages as m
     from shoal.protocol.framing import encode_body
     from shoal.protocol.serialize import FunctionTable

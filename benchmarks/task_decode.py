@@ -30,10 +30,10 @@ def encoded_graph(chunks: int) -> tuple[list[Any], dict[str, bytes], float]:
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
 
-    from shoal.client.blockwise_expand import materialize
-    from shoal.client.collections import _flatten
-    from shoal.client.dask_graph import GraphEncoder, cull
-    from shoal.client.graph_order import dependency_first
+    from shoal.client.graph.blockwise_expand import materialize
+    from shoal.client.graph.collections import _flatten
+    from shoal.client.graph.dask_graph import GraphEncoder, cull
+    from shoal.client.graph.order import dependency_first
     from shoal.protocol.serialize import FunctionTable
 
     expr = FinalizeCompute(collections_to_expr([(da.ones((chunks,), chunks=1) + 1).sum()], True))

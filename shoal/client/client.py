@@ -21,19 +21,19 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shoal.client import collections
 from shoal.client.cluster_info import ClusterInfo
 from shoal.client.construction import (
     ConstructionMixin,
     address_from_scheduler_file,
     check_cluster_kwargs,
 )
-from shoal.client.dask_graph import GraphEncoder
 from shoal.client.data_location import DataLocationMixin
 from shoal.client.datasets import DatasetsMixin
 from shoal.client.futures import Future, FutureState
 from shoal.client.gather import GatherMixin
-from shoal.client.graph_data import GraphDataCache
+from shoal.client.graph import collections
+from shoal.client.graph.dask_graph import GraphEncoder
+from shoal.client.graph.data import GraphDataCache
 from shoal.client.loop import LoopRunner, in_thread
 from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
@@ -181,7 +181,7 @@ class Client(
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ref_types: dict[type, Callable[[Any], Key]] = {Future: _future_key}
         self._encoder: GraphEncoder | None = None
-        # Large constants of Dask graphs, placed on the workers once (client/graph_data.py)
+        # Large constants of Dask graphs, placed on the workers once (client/graph/data.py)
         self.graph_data = GraphDataCache(self)
         self._set_as_default = set_as_default
         if not asynchronous:

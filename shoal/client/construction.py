@@ -132,7 +132,7 @@ class ConstructionMixin:
     def current(cls) -> Any:
         """The default client (the newest that was made the default and is still
         open), as Dask's; ValueError if there is none."""
-        from shoal.client import collections
+        from shoal.client.graph import collections
 
         with collections._default_lock:
             if collections._defaults:
@@ -143,7 +143,7 @@ class ConstructionMixin:
     def as_current(self) -> Iterator[Any]:
         """Make this client the default within the block (Dask collections computed
         there use it), as Dask's."""
-        from shoal.client import collections
+        from shoal.client.graph import collections
 
         collections.set_default(self)  # type: ignore[arg-type]
         try:

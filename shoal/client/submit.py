@@ -13,10 +13,10 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from shoal.client import collections
 from shoal.client.actors import check_actor_class, make_actor_futures
-from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future
+from shoal.client.graph import collections
+from shoal.client.graph.dask_graph import GraphEncoder
 from shoal.client.loop import LoopRunner
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m

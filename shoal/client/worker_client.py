@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shoal.client import collections
 from shoal.client.client import Client
+from shoal.client.graph import collections
 from shoal.server.worker import current_task
 
 

@@ -6,7 +6,7 @@
   anything else go through cloudpickle (protocol 5), large buffers out of band.
 * A task's arguments may also be a TEMPLATE: arguments pickled once for many tasks with
   placeholders (sent once, in the function table), and this task's values for them
-  (``client/templates.py``).
+  (``client/graph/templates.py``).
 * Functions are serialised once, named by a content hash, and referenced from task
   payloads by that id (the *function table*); workers deserialise each id once.
 * Dependencies inside arguments (futures) become key references, resolved on the

@@ -1,6 +1,6 @@
 """Task-argument templates decoded once per worker: each task only fills in its slots.
 
-A TEMPLATE payload (``serialize.TEMPLATE``, ``client/templates.py``) is a pickle with
+A TEMPLATE payload (``serialize.TEMPLATE``, ``client/graph/templates.py``) is a pickle with
 placeholders, shared by a layer's tasks, plus each task's own values for them.
 Unpickling the template again for every task rebuilds the same objects every time (for
 a fused subgraph, its Dask tasks: most of a tiny task's decoding). A

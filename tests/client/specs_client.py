@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.client.dask_graph import GraphEncoder
 from shoal.client.futures import Future
+from shoal.client.graph.dask_graph import GraphEncoder
 from shoal.protocol.serialize import FunctionTable
 
 

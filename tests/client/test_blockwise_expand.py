@@ -1,4 +1,4 @@
-"""Blockwise layers expanded by shoal (shoal.client.blockwise_expand) give exactly the
+"""Blockwise layers expanded by shoal (shoal.client.graph.blockwise_expand) give exactly the
 graph Dask's own materialisation gives: the same keys in the same order, the same
 dependencies, the same task values; and the same results through a real cluster."""
 
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sizes import sized
 
 from shoal import Client
-from shoal.client import blockwise_expand, dask_graph
+from shoal.client.graph import blockwise_expand, dask_graph
 
 
 def _inc(b: Any) -> Any:
@@ -413,7 +413,7 @@ def test_blocks_built_directly_or_by_dasks_constructor(monkeypatch: pytest.Monke
     """Blocks after the first are built with their slots set directly where the first
     so built is Dask's; where it would not be, by Dask's constructor: Dask's graph
     either way."""
-    from shoal.client import reduction_expand
+    from shoal.client.graph import reduction_expand
 
     chosen: list[str] = []
     real = blockwise_expand._direct_builder

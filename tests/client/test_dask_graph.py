@@ -20,7 +20,7 @@ import pytest
 from dask._task_spec import Alias, DataNode, Dict, List, Set, Task, TaskRef, Tuple, execute_graph
 from dask.order import order
 
-from shoal.client.dask_graph import GraphEncoder, check_graph, cull, materialize, topological
+from shoal.client.graph.dask_graph import GraphEncoder, check_graph, cull, materialize, topological
 from shoal.protocol import messages as m
 from shoal.protocol.framing import decode_body, encode_body
 from shoal.protocol.serialize import FunctionCache, FunctionTable, loads_task_args
@@ -243,7 +243,7 @@ def test_submission_order_puts_dependencies_first():
 
 
 def test_alias_targets_follow_chains_within_the_graph():
-    from shoal.client.dask_graph import alias_targets
+    from shoal.client.graph.dask_graph import alias_targets
 
     dsk = {
         "c": Task("c", operator.add, 1, 2),
@@ -259,7 +259,7 @@ def test_alias_targets_follow_chains_within_the_graph():
 
 
 def test_skip_aliases_points_dependents_at_the_aliased_key():
-    from shoal.client.dask_graph import skip_aliases
+    from shoal.client.graph.dask_graph import skip_aliases
 
     dsk = {
         "x": Task("x", operator.add, 1, 2),

@@ -13,7 +13,7 @@ from pathlib import Path
 PROGRAM = """
 import sys
 import dask
-from shoal.client import collections
+from shoal.client.graph import collections
 from specs_client import SpecsClient
 
 cell = dask.delayed(sum)([1, 2, 3])

@@ -1,4 +1,4 @@
-"""The garbage collector is paused while a graph is submitted (shoal.client.gc_pause),
+"""The garbage collector is paused while a graph is submitted (shoal.client.graph.gc_pause),
 and left as it was found afterwards, whatever happens."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import dask
 import pytest
 
-from shoal.client import collections
-from shoal.client.gc_pause import gc_paused
+from shoal.client.graph import collections
+from shoal.client.graph.gc_pause import gc_paused
 
 
 @pytest.fixture(autouse=True)

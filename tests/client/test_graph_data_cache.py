@@ -1,4 +1,4 @@
-"""The graph-data cache on its own (shoal/client/graph_data.py): which keys count as
+"""The graph-data cache on its own (shoal/client/graph/data.py): which keys count as
 named by their content, the LRU bound in bytes, and entries that are not reused."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dask._task_spec import DataNode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.client.dask_graph import materialize
-from shoal.client.graph_data import Entry, GraphDataCache, content_keyed
+from shoal.client.graph.dask_graph import materialize
+from shoal.client.graph.data import Entry, GraphDataCache, content_keyed
 
 
 class FakeFuture:

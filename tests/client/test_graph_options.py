@@ -9,8 +9,8 @@ import dask
 import dask.array as da
 from specs_client import SpecsClient
 
-from shoal.client import collections
-from shoal.client.dask_graph import GraphEncoder
+from shoal.client.graph import collections
+from shoal.client.graph.dask_graph import GraphEncoder
 from shoal.protocol.serialize import FunctionTable
 
 

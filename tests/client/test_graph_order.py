@@ -1,4 +1,4 @@
-"""The submission order of a graph (shoal.client.graph_order): dask.order up to the
+"""The submission order of a graph (shoal.client.graph.order): dask.order up to the
 configured bound, a dependency-first post-order above it and for tiny graphs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sizes import sized
 
 from benchmarks.order_memory import peak_memory
-from shoal.client.dask_graph import materialize
-from shoal.client.graph_order import (
+from shoal.client.graph.dask_graph import materialize
+from shoal.client.graph.order import (
     TRIVIAL_TASKS,
     dependency_first,
     order_bound,

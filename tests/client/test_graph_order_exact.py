@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sizes import sized
 
-from shoal.client.graph_order import dependency_first
+from shoal.client.graph.order import dependency_first
 from tests.client.test_graph_order import _f, array_graph, graph
 
 
@@ -139,7 +139,7 @@ def test_check_graph_refuses_exactly_the_cyclic_graphs_naming_a_real_cycle(deps_
 
     import pytest
 
-    from shoal.client.dask_graph import check_graph
+    from shoal.client.graph.dask_graph import check_graph
 
     dsk = graph({k: [d for d in ds if d != "nowhere"] for k, ds in deps_by_key.items()})
     try:
@@ -161,7 +161,7 @@ def test_check_graph_refuses_exactly_the_cyclic_graphs_naming_a_real_cycle(deps_
 def test_check_graph_names_the_missing_keys_only():
     import pytest
 
-    from shoal.client.dask_graph import check_graph
+    from shoal.client.graph.dask_graph import check_graph
 
     dsk = with_outside_refs({"a": ["outside"], "b": ["a"]})
     check_graph(dsk, lambda k: k == "outside")

@@ -1,5 +1,5 @@
 """Tasks of expanded layers encoded straight from the layer's template
-(shoal.client.layer_encode): every task decodes on a worker to exactly the arguments
+(shoal.client.graph.layer_encode): every task decodes on a worker to exactly the arguments
 the generic encoder gives it, with the same function and dependencies; graphs so
 encoded compute what Dask computes, also through a real cluster; a task that is not
 its layer's template with other per-block values is encoded the generic way."""
@@ -19,9 +19,9 @@ from dask.base import collections_to_expr
 from hypothesis import given, settings
 
 from shoal import Client
-from shoal.client import blockwise_expand, layer_encode
-from shoal.client.dask_graph import GraphEncoder
-from shoal.client.graph_order import dependency_first
+from shoal.client.graph import blockwise_expand, layer_encode
+from shoal.client.graph.dask_graph import GraphEncoder
+from shoal.client.graph.order import dependency_first
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call
 from shoal.protocol.framing import decode_body, encode_body
@@ -232,7 +232,7 @@ def test_results_through_shoal_equal_sync(
 def test_reduction_tasks_take_the_layer_path() -> None:
     """The graph_scale graph: every block task and every task of the reduction tree
     (but the final aggregate, fused with finalize) is encoded from its layer's template."""
-    from shoal.client.layer_encode import ReductionTemplate
+    from shoal.client.graph.layer_encode import ReductionTemplate
 
     dsk, layers = materialised((da.ones((400,), chunks=1) + 3).sum())
     reductions = {n for n, t in layers.items() if isinstance(t, ReductionTemplate)}
@@ -270,7 +270,7 @@ def test_equal_values_of_other_types_are_not_taken_from_the_encoded_values_cache
 
 
 def test_a_reduction_tasks_keys_encode_as_the_generic_codec_encodes_them() -> None:
-    from shoal.client.dask_graph import Dep
+    from shoal.client.graph.dask_graph import Dep
     from shoal.protocol import plain_codec
 
     keys: list[Any] = [("a", 0), "b", ("c", 1, 2), ("a", 0)]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sizes import sized
 
-from shoal.client.linear_fuse import fuse_linear_task_spec
+from shoal.client.graph.linear_fuse import fuse_linear_task_spec
 
 
 def _f(*args: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Reduction tasks converted by shoal (shoal.client.reduction_expand): the same nodes
+"""Reduction tasks converted by shoal (shoal.client.graph.reduction_expand): the same nodes
 as Dask's ``convert_legacy_graph`` on the legacy graphs of array reductions (and of
 anything else), in the same order; the whole client path gives Dask's graph and, on a
 real cluster, sync's results."""
@@ -16,8 +16,8 @@ import pytest
 from dask._task_spec import convert_legacy_graph as dasks_convert
 from dask.utils import ensure_dict
 
-from shoal.client import reduction_expand
-from shoal.client.layer_encode import ReductionTemplate
+from shoal.client.graph import reduction_expand
+from shoal.client.graph.layer_encode import ReductionTemplate
 from tests.client.test_blockwise_expand import _expr, assert_same_graph, both
 
 
@@ -109,7 +109,7 @@ def test_client_graph_equals_dasks(name: str) -> None:
 
 
 def reduction_expand_materialize(expr: Any) -> Any:
-    from shoal.client import blockwise_expand
+    from shoal.client.graph import blockwise_expand
 
     return blockwise_expand.materialize(expr, {})
 

@@ -12,7 +12,7 @@ import pytest
 from dask._task_spec import Alias, DataNode, Task, TaskRef
 from specs_client import SpecsClient
 
-from shoal.client import collections
+from shoal.client.graph import collections
 
 
 def specs(graph: Any, keys: list, general: bool, **options: Any) -> list:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from specs_client import SpecsClient
 
-from shoal.client import collections
+from shoal.client.graph import collections
 from shoal.protocol.serialize import TEMPLATE
 
 DTYPE = np.dtype("float64")  # an object every task refers to: a shape, not a plain value

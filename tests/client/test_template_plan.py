@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from sizes import sized
 from test_templates import Value, _resolved, array_graph, assert_same, collections_to_test, encode
 
-from shoal.client.dask_graph import Dep
-from shoal.client.templates import LayerTemplates
+from shoal.client.graph.dask_graph import Dep
+from shoal.client.graph.templates import LayerTemplates
 from shoal.protocol import plain_codec
 from shoal.protocol.serialize import (
     TEMPLATE,
@@ -90,7 +90,7 @@ def test_graph_computed_through_plans_matches_dask():
 def _template(body) -> tuple[FunctionTable, str]:
     from dask._task_spec import Task
 
-    from shoal.client.dask_graph import _reduce_task
+    from shoal.client.graph.dask_graph import _reduce_task
 
     functions = FunctionTable()
     # Dask's tasks as the graph encoder sends them

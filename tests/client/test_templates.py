@@ -1,4 +1,4 @@
-"""Layer templates (shoal.client.templates): a task's arguments sent as a template's id
+"""Layer templates (shoal.client.graph.templates): a task's arguments sent as a template's id
 plus its slot values decode to exactly what the task's own pickle gives, on a range of
 Dask graphs; what a template cannot reproduce is encoded as before."""
 
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sizes import sized
 
-from shoal.client.dask_graph import Dep, GraphEncoder, materialize
-from shoal.client.graph_order import dependency_first
-from shoal.client.templates import GIVE_UP_MISSES, LayerTemplates
+from shoal.client.graph.dask_graph import Dep, GraphEncoder, materialize
+from shoal.client.graph.order import dependency_first
+from shoal.client.graph.templates import GIVE_UP_MISSES, LayerTemplates
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call
 from shoal.protocol.framing import decode_body, encode_body

@@ -1,5 +1,5 @@
 """A large reduction's tiny leaves fused into their reduction tasks
-(shoal.client.tree_fuse): the same results as Dask's sync scheduler from fewer tasks,
+(shoal.client.graph.tree_fuse): the same results as Dask's sync scheduler from fewer tasks,
 only where every rule holds, and the fused tasks encoded as one template each."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal import Client
-from shoal.client import blockwise_expand, tree_fuse
-from shoal.client.dask_graph import GraphEncoder
-from shoal.client.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
+from shoal.client.graph import blockwise_expand, tree_fuse
+from shoal.client.graph.dask_graph import GraphEncoder
+from shoal.client.graph.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
 from shoal.protocol.serialize import TEMPLATE, FunctionCache, FunctionTable, loads_task_args
 from tests.client.test_layer_encode import assert_encoded_alike, encode
 
@@ -587,7 +587,7 @@ def test_fused_results_through_shoal_equal_sync(
 def test_leaf_constants_that_cannot_be_copied_take_the_generic_encoder(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shoal.client import layer_encode
+    from shoal.client.graph import layer_encode
 
     dsk, layers, keys = materialised((da.ones((40,), chunks=1) + 3).sum())
 

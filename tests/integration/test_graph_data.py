@@ -1,5 +1,5 @@
 """Large constants of Dask graphs (``from_pandas`` partitions, ``from_array`` chunks)
-are scattered to the workers once and cached by the client (shoal/client/graph_data.py):
+are scattered to the workers once and cached by the client (shoal/client/graph/data.py):
 exact values, a second compute that sends no data, eviction releasing the keys on the
 cluster, a SIGKILLed worker holding cached data, and mutated frames getting new keys.
 

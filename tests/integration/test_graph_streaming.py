@@ -16,8 +16,8 @@ import pytest
 from recording_scheduler import on_a_loop_thread, wait_for
 
 from shoal import Client
-from shoal.client import collections
-from shoal.client.dask_graph import GraphEncoder
+from shoal.client.graph import collections
+from shoal.client.graph.dask_graph import GraphEncoder
 from shoal.protocol import messages as m
 from shoal.server.scheduler import Scheduler
 

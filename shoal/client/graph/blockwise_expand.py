@@ -23,10 +23,10 @@ on many collections and on random ones).
 Each block's ``Task`` is built with its slots set directly, its dependencies from the
 layer's once and the block's own (the first block is checked against Dask's
 constructor). The legacy reduction layers are converted and culled by
-:mod:`shoal.client.reduction_expand` (Dask's code with exact fast paths). A large layer
-leaves its template for the encoder (:mod:`shoal.client.layer_encode`). Last, the tiny
+:mod:`shoal.client.graph.reduction_expand` (Dask's code with exact fast paths). A large layer
+leaves its template for the encoder (:mod:`shoal.client.graph.layer_encode`). Last, the tiny
 leaves of a large reduction are fused into their reduction tasks
-(:mod:`shoal.client.tree_fuse`: the one step that makes a graph other than Dask's, the
+(:mod:`shoal.client.graph.tree_fuse`: the one step that makes a graph other than Dask's, the
 same results from fewer tasks).
 
 Anything else takes Dask's path unchanged: another kind of expression or optimiser,
@@ -43,19 +43,19 @@ import itertools
 import sys
 from typing import Any
 
-from shoal.client import dask_graph, reduction_expand, tree_fuse
-from shoal.client.gc_pause import gc_paused
-from shoal.client.layer_encode import MIN_BLOCKS, LayerTemplate, Template
-from shoal.client.linear_fuse import fuse_linear_task_spec  # Dask's, on positions
+from shoal.client.graph import dask_graph, reduction_expand, tree_fuse
+from shoal.client.graph.gc_pause import gc_paused
+from shoal.client.graph.layer_encode import MIN_BLOCKS, LayerTemplate, Template
+from shoal.client.graph.linear_fuse import fuse_linear_task_spec  # Dask's, on positions
 from shoal.protocol.messages import Key
 
 
 def materialize(
     graph: Any, templates: dict[str, Template] | None = None
 ) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
-    """:func:`shoal.client.dask_graph.materialize`, with the Blockwise layers of a
+    """:func:`shoal.client.graph.dask_graph.materialize`, with the Blockwise layers of a
     Dask array expression expanded here (see the module's docstring). ``templates``
-    (a dict) receives the :class:`~shoal.client.layer_encode.LayerTemplate` of each
+    (a dict) receives the :class:`~shoal.client.graph.layer_encode.LayerTemplate` of each
     large layer expanded, by its output name, for the encoder."""
     with gc_paused():
         optimized = optimized_hlg(graph, templates)
@@ -89,9 +89,7 @@ def optimized_hlg(graph: Any, templates: dict[str, Template] | None = None) -> A
 
     if config.get("optimization.fuse.active") is False:
         return None  # Dask's optimiser then keeps the layers: nothing is materialised
-    graphs: list[Any] = [
-        _array_optimize(op.hlg, op.__dask_keys__(), templates) for op in operands
-    ]
+    graphs: list[Any] = [_array_optimize(op.hlg, op.__dask_keys__(), templates) for op in operands]
     return HighLevelGraph.merge(*graphs)
 
 
@@ -463,7 +461,7 @@ def _direct_builder(
     constructor) slot for slot; else Dask's constructor."""
     from dask._task_spec import DataNode, GraphNode, Task, TaskRef, _no_deps
 
-    from shoal.client.reduction_expand import _same_slots
+    from shoal.client.graph.reduction_expand import _same_slots
 
     func, producer = made.func, made.data_producer
     varying = set(per_block)

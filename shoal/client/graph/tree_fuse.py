@@ -54,7 +54,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from shoal.client.layer_encode import (
+from shoal.client.graph.layer_encode import (
     FusedReductionTemplate,
     LayerTemplate,
     ReductionTemplate,
@@ -262,7 +262,7 @@ def _builder() -> Callable[[Key, Any, list], Any]:
     slot the same, checked once on a sample), else the constructors."""
     from dask._task_spec import DataNode, Task, _identity_cast
 
-    from shoal.client.reduction_expand import _same_slots
+    from shoal.client.graph.reduction_expand import _same_slots
 
     def constructed(key: Key, func: Any, leaves: list) -> Any:
         return Task(key, func, Task(None, _identity_cast, *leaves, typ=list))
@@ -283,7 +283,7 @@ def _direct() -> Callable[[Key, Any, list], Any]:
     arguments to find none."""
     from dask._task_spec import _no_deps
 
-    from shoal.client.reduction_expand import list_reduction_task
+    from shoal.client.graph.reduction_expand import list_reduction_task
 
     def built(key: Key, func: Any, leaves: list) -> Any:
         return list_reduction_task(key, func, tuple(leaves), _no_deps)

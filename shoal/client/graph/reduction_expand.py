@@ -10,7 +10,7 @@ converts each through ``convert_legacy_task``, one recursive call per list item,
 task, where every list item is a key of the graph (what Dask makes an ``Alias`` of),
 is built in one step, giving the same nodes. Anything else takes Dask's
 ``convert_legacy_task``. A name with at least ``layer_encode.MIN_BLOCKS`` such tasks
-leaves a :class:`~shoal.client.layer_encode.ReductionTemplate` for the encoder
+leaves a :class:`~shoal.client.graph.layer_encode.ReductionTemplate` for the encoder
 (``templates``), which encodes each as the template plus its list of keys.
 """
 
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable, Container, Mapping
 from typing import Any
 
-from shoal.client.layer_encode import ReductionTemplate
+from shoal.client.graph.layer_encode import ReductionTemplate
 from shoal.protocol.messages import Key
 
 _KEY_TYPES = (tuple, str, int, float)  # what convert_legacy_task looks up in the keys

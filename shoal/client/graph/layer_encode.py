@@ -1,9 +1,9 @@
 """Tasks of an expanded layer encoded straight from the layer's template.
 
-:mod:`shoal.client.blockwise_expand` builds every block of a large Blockwise layer as
+:mod:`shoal.client.graph.blockwise_expand` builds every block of a large Blockwise layer as
 the layer's template task with its per-block arguments put in place (a dependency's
 ``TaskRef``, an io value's ``DataNode``); every other argument is the very same object
-in all blocks. The generic encoder (:mod:`shoal.client.templates`) rediscovers that
+in all blocks. The generic encoder (:mod:`shoal.client.graph.templates`) rediscovers that
 structure per task by walking each task's arguments. A :class:`LayerTemplate` records
 it instead, and :class:`LayerEncoder` encodes a task of the layer as the template's
 pickle (made once per layer, a function-table entry, as for the generic templates) plus

@@ -45,7 +45,7 @@ class GraphIndex:
     """A graph on positions (ints): its keys in order, each key's dependencies in the
     graph (positions, sorted), each key's dependents (in key order), and the
     dependencies outside the graph. Dask's tuple keys are hashed anew at every lookup:
-    made once per submission, for both :func:`~shoal.client.dask_graph.check_graph`
+    made once per submission, for both :func:`~shoal.client.graph.dask_graph.check_graph`
     and :func:`dependency_first`, instead of a position map and a walk over every
     dependency in each."""
 
@@ -79,7 +79,7 @@ def submission_order(
     """The keys of ``dsk`` (Dask graph nodes, acyclic) in the order to submit them: every
     key after its dependencies in the graph. ``index``: ``dsk``'s :class:`GraphIndex`,
     if the caller has made it."""
-    from shoal.client.dask_graph import topological
+    from shoal.client.graph.dask_graph import topological
 
     if len(dsk) <= TRIVIAL_TASKS or (max_tasks is not None and len(dsk) > max_tasks):
         return dependency_first(dsk, index)

@@ -35,7 +35,7 @@ from shoal.protocol.serialize import (
 )
 
 if TYPE_CHECKING:
-    from shoal.client.graph_order import GraphIndex
+    from shoal.client.graph.order import GraphIndex
 
 ANNOTATIONS = ("priority", "retries", "workers", "resources", "allow_other_workers", "duration")
 
@@ -62,7 +62,7 @@ def materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]]]:
     from dask._expr import Expr, HLGExpr, LLGExpr
     from dask.highlevelgraph import HighLevelGraph
 
-    from shoal.client.reduction_expand import convert_legacy_graph
+    from shoal.client.graph.reduction_expand import convert_legacy_graph
 
     if isinstance(graph, HighLevelGraph):
         graph = HLGExpr(graph)
@@ -155,8 +155,8 @@ def skip_aliases(dsk: dict[Key, Any], keep: Iterable[Key]) -> dict[Key, Any]:
 def check_graph(dsk: Mapping[Key, Any], external: Callable[[Key], bool]) -> GraphIndex:
     """Refuse a graph that depends on a key it neither has nor ``external`` knows, or
     that has a cycle; the error names the keys. Returns the graph's
-    :class:`~shoal.client.graph_order.GraphIndex` (for its order)."""
-    from shoal.client.graph_order import GraphIndex
+    :class:`~shoal.client.graph.order.GraphIndex` (for its order)."""
+    from shoal.client.graph.order import GraphIndex
 
     # On positions (Dask's tuple keys are hashed anew at every lookup), one pass over
     # the dependencies for both checks, shared with the order.
@@ -252,9 +252,7 @@ class GraphEncoder:
         self._templates: Any = None  # a graph's LayerTemplates (start_graph)
         self._layers: Any = None  # a graph's LayerEncoder (start_graph)
 
-    def start_graph(
-        self, layers: dict[str, Any] | None = None, templates: bool = True
-    ) -> None:
+    def start_graph(self, layers: dict[str, Any] | None = None, templates: bool = True) -> None:
         """Encode the next tasks with a fresh template cache: one per graph, as its
         objects may have changed since the last graph (see templates.py). ``layers``:
         the templates of the graph's expanded layers (``layer_encode``), by name.
@@ -264,8 +262,8 @@ class GraphEncoder:
         if not templates:
             self._templates = None
             return
-        from shoal.client.layer_encode import LayerEncoder
-        from shoal.client.templates import LayerTemplates
+        from shoal.client.graph.layer_encode import LayerEncoder
+        from shoal.client.graph.templates import LayerTemplates
 
         self._templates = LayerTemplates(self.functions, self.ref_types, self._reducers)
         if layers:
@@ -306,7 +304,9 @@ class GraphEncoder:
         if encoded is None:
             encoded = plain_task_args(args, kwargs, self.ref_types)
         if encoded is None:
-            encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
+            encoded = pickled_task_args(
+                args, kwargs, self.ref_types, self.functions, self._reducers
+            )
         return self._spec(key, fid, encoded, priority, retries, restrictions)
 
     def _spec(

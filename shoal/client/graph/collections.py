@@ -12,18 +12,18 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from shoal.client import graph_data
-from shoal.client.blockwise_expand import materialize  # dask_graph's, Blockwise layers faster
-from shoal.client.dask_graph import (
+from shoal.client.futures import Future
+from shoal.client.graph import data as graph_data
+from shoal.client.graph.blockwise_expand import materialize  # dask_graph's, Blockwise layers faster
+from shoal.client.graph.dask_graph import (
     alias_targets,
     annotations_for,
     check_graph,
     cull,
     skip_aliases,
 )
-from shoal.client.futures import Future
-from shoal.client.gc_pause import gc_paused
-from shoal.client.graph_order import TRIVIAL_TASKS, order_bound, submission_order
+from shoal.client.graph.gc_pause import gc_paused
+from shoal.client.graph.order import TRIVIAL_TASKS, order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -52,7 +52,7 @@ def submit_graph(
     ``resources``, ``allow_other_workers``), under those of the graph's own layers.
 
     With ``placed`` (a dict, filled with their futures), large data nodes go to the
-    workers apart from the graph (:mod:`graph_data`). Only ``get`` asks for it: it
+    workers apart from the graph (:mod:`~shoal.client.graph.data`). Only ``get`` asks for it: it
     gathers the results at once and sends the graph again if that data is lost. The
     futures of ``compute`` and ``persist`` may outlive their data's worker, and must stay
     recomputable from the graph alone.

@@ -47,12 +47,18 @@ def test_shared(cluster, i):
 """
 )
 
+# The ungrouped tests take a moment each: a process is handed a new test once it has
+# two or fewer left, so instant ones all went to whichever process reported first
+# (one CI run under load ran all six on one process while the other ran its group).
 FREE = (
     RECORD
     + """
+import time
+
 @pytest.mark.parametrize("i", range(6))
 def test_free(i):
     record(f"free-{i}")
+    time.sleep(0.3)
 """
 )
 

@@ -484,7 +484,9 @@ def run_all(
 def summary_line(run: Run) -> str:
     if not run.ok:
         return f"FAILED: {(run.error or '').splitlines()[0]}"
-    parts = [f"{run.tasks:,} tasks", f"client {run.client_s:.2f} s"]
+    # (Dask's count in workers mode is not taken: its zero-mode run gives it)
+    tasks = f"{run.tasks:,} tasks" if run.tasks else f"~{run.size:,} tasks"
+    parts = [tasks, f"client {run.client_s:.2f} s"]
     if run.scheduled and run.scheduled != run.tasks:
         parts.insert(1, f"{run.scheduled:,} scheduled")
     if run.submit_s is not None:

@@ -169,10 +169,82 @@ def timeline(
     return sorted(rows)
 
 
+class _DroppingComm:
+    """A scheduler core's comm that drops every message (the hot loop times the core)."""
+
+    def send_worker(self, address: str, msg: Any) -> None:
+        pass
+
+    def send_client(self, client_id: str, msg: Any) -> None:
+        pass
+
+
+def hot_steps(repeat: int = 5_000) -> list[tuple[str, float]]:
+    """Median µs of a few steps of a one-task compute's path, run in a loop in this
+    process (hot caches, no wake-up between them), to set beside the timeline."""
+    import uuid
+
+    from shoal.core.scheduler.state import SchedulerState
+    from shoal.protocol import messages as m
+    from shoal.protocol.framing import FrameDecoder, encode_frame
+
+    state = SchedulerState(_DroppingComm())  # type: ignore[arg-type]
+    state.add_client("c")
+    for address in ("tcp://w1:1", "tcp://w2:1"):
+        state.add_worker(address, address, 1, 2**30, "add-w")
+    args = m.Payload(0, b"\x92\x90\x80")  # msgpack: ([], {})
+    state.handle_client("c", m.SubmitTasks([], [], {"f": b"a function"}, "functions"))
+    times: dict[str, list[int]] = {"submit": [], "finished": [], "release": []}
+    clock = time.perf_counter_ns
+    for i in range(repeat + 500):
+        key = f"sum-{uuid.uuid4()}"
+        t0 = clock()
+        state.handle_client("c", m.SubmitTasks([m.TaskSpec(key, "f", args, [])], [key], {}, "s"))
+        t1 = clock()
+        worker = state.tasks[key].processing_on
+        assert worker is not None
+        t2 = clock()
+        done = m.TaskFinished(key, 28, 1.0, 1.1, m.Payload(0, b"\x06"), "int", "f")
+        state.handle_worker(worker.address, done)
+        t3 = clock()
+        state.handle_client("c", m.ReleaseKeys([key], "r"))
+        t4 = clock()
+        if i >= 500:  # (the first ones warm up)
+            times["submit"].append(t1 - t0)
+            times["finished"].append(t3 - t2)
+            times["release"].append(t4 - t3)
+    msg = m.KeyInMemory("sum-" + "0" * 36, m.Payload(0, b"\x06"), "int", "task-finished-1")
+    (frame,) = encode_frame([msg])
+    decoder = FrameDecoder()
+    decode = []
+    for _ in range(repeat):
+        t0 = clock()
+        view = decoder.get_buffer()
+        view[: len(frame)] = frame
+        decoder.buffer_updated(len(frame))
+        decode.append(clock() - t0)
+    return [
+        (
+            "scheduler core: a one-task SubmitTasks (placed, ComputeTask made)",
+            _median_us(times["submit"]),
+        ),
+        ("scheduler core: its TaskFinished (KeyInMemory made)", _median_us(times["finished"])),
+        ("scheduler core: its ReleaseKeys", _median_us(times["release"])),
+        (f"a {len(frame)}-byte KeyInMemory frame decoded", _median_us(decode)),
+    ]
+
+
+def _median_us(ns: list[int]) -> float:
+    return statistics.median(ns) / 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--computes", type=int, default=300)
     parser.add_argument("--pause", type=float, default=0.01, help="seconds between computes")
+    parser.add_argument(
+        "--hot", action="store_true", help="also time a few of the steps in a loop, hot"
+    )
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
     site = directory / "site"
@@ -225,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| ms since compute() | step ms | point | count |\n|---|---|---|---|")
     for when, step, point, count in rows:
         print(f"| {when:.3f} | {step:.3f} | {point} | {count} |")
+    if args.hot:
+        print("\n# The same steps in a loop in this process (hot): median µs")
+        print("| step | µs |\n|---|---|")
+        for what, us in hot_steps():
+            print(f"| {what} | {us:.1f} |")
     return 0
 
 

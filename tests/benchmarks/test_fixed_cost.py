@@ -43,7 +43,9 @@ def test_timeline_medians_per_point_in_time_order() -> None:
 
 @pytest.mark.timeout(240)
 def test_fixed_cost_tiny() -> None:
-    proc = run_script("fixed_cost.py", ["--computes", "12", "--pause", "0.01"], timeout=200)
+    proc = run_script(
+        "fixed_cost.py", ["--computes", "12", "--pause", "0.01", "--hot"], timeout=200
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for point in (
         "client: compute0",
@@ -54,5 +56,7 @@ def test_fixed_cost_tiny() -> None:
         "client: in KeyInMemory",
         "client: woke",
         "client: compute1",
+        "scheduler core: a one-task SubmitTasks",
+        "KeyInMemory frame decoded",
     ):
         assert point in proc.stdout, (point, proc.stdout)

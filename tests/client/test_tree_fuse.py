@@ -18,9 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal import Client
-from shoal.client.graph import blockwise_expand, tree_fuse
+from shoal.client.graph import blockwise_expand, reduction_expand, tree_fuse
 from shoal.client.graph.dask_graph import GraphEncoder
-from shoal.client.graph.layer_encode import FusedReductionTemplate, LayerTemplate, ReductionTemplate
+from shoal.client.graph.layer_encode import (
+    NESTED,
+    FusedReductionTemplate,
+    LayerTemplate,
+    ReductionTemplate,
+)
 from shoal.protocol.serialize import TEMPLATE, FunctionCache, FunctionTable, loads_task_args
 from tests.client.test_layer_encode import assert_encoded_alike, encode
 
@@ -50,6 +55,14 @@ def _x2() -> Any:
     return da.ones((60, 20), chunks=(1, 5)).map_blocks(_wave2, dtype=float) * 2
 
 
+def _x3() -> Any:
+    return da.ones((12, 10, 8), chunks=(1, 2, 2)).map_blocks(_wave3, dtype=float)
+
+
+def _wave3(b: Any, block_id: Any = None) -> Any:
+    return b * np.cos(sum(block_id) * 0.7 + np.arange(b.size).reshape(b.shape))
+
+
 def fusing() -> dict[str, Any]:
     """Reductions whose first level fuses (with min-groups lowered)."""
     return {
@@ -69,18 +82,25 @@ def fusing() -> dict[str, Any]:
         "sum-split32": lambda: _x1().sum(split_every=32),
         "last-group-of-one": lambda: _x1(201).sum(),
         "two-outputs": lambda: [_x1().sum(), _x1(204).max()],
+        # over several axes: each reduction task lists its inputs as lists of lists
+        "sum-2d-all": lambda: _x2().sum(),
+        "mean-2d-all": lambda: _x2().mean(),
+        "var-2d-all": lambda: _x2().var(),
+        "max-2d-all-keepdims": lambda: _x2().max(keepdims=True),
+        "sum-2d-split4x2": lambda: _x2().sum(split_every={0: 4, 1: 2}),
+        "sum-3d-all": lambda: _x3().sum(),
+        "sum-3d-axes01": lambda: _x3().sum(axis=(0, 1)),
     }
 
 
 def not_fusing() -> dict[str, Any]:
     """Reductions left as they are, with their results: the arg reductions' leaves
-    are linearly fused tasks (no layer template); a 2-D reduction over both axes
-    lists its inputs nested (no reduction template)."""
+    are linearly fused tasks (no layer template)."""
     return {
         "argmax": lambda: _x1().argmax(),
         "argmin": lambda: _x1().argmin(),
         "argmax-2d-axis0": lambda: _x2().argmax(axis=0),
-        "sum-2d-all": lambda: _x2().sum(),
+        "argmax-2d-all": lambda: _x2().argmax(),
     }
 
 
@@ -165,6 +185,41 @@ def test_a_fused_task_is_its_reductions_call_on_its_leaves_inlined() -> None:
     assert not any(leaf.key in dsk for leaf in leaves)
     # 40 leaves into 10 fused tasks, the rest of the tree as it was
     assert list(dsk) == [k for k in plain if k not in {t for _, ts in groups for t in ts}]
+
+
+def test_a_fused_task_over_two_axes_keeps_its_lists_of_lists() -> None:
+    """Each fused task of a reduction over two axes is its unfused task with every
+    ``Alias`` of a leaf replaced by that leaf's very node, in the same place of the
+    same lists of lists (swapping two leaves fails it)."""
+    c = (da.ones((8, 8), chunks=1).map_blocks(_wave2, dtype=float)).sum()
+    plain, layers, keys = materialised(c, least=0)
+    templates = dict(layers)
+    dsk = tree_fuse.fuse_reduction_leaves(dict(plain), keys, templates, 16)
+    (name,) = fused_layers(templates)  # (16 tasks of 2 x 2 leaves; 4 above: not fused)
+    fused = [k for k in dsk if type(k) is tuple and k[0] == name]
+    assert len(fused) == 16
+
+    def as_unfused(node: Any) -> Any:  # each inlined leaf back to an Alias of its key
+        if type(node) is Task and node.key is not None and node.key in plain:
+            return Alias(node.key)
+        if type(node) is not Task:
+            return node
+        return Task(node.key, node.func, *map(as_unfused, node.args), **node.kwargs)
+
+    for key in fused:
+        p = dsk[key]
+        assert not p.dependencies and p.func is plain[key].func
+        (outer,) = p.args
+        rows = outer.args
+        assert len(rows) == 2 and all(len(r.args) == 2 for r in rows)
+        leaves = [leaf for r in rows for leaf in r.args]
+        assert all(leaf is plain[leaf.key] for leaf in leaves)  # the very nodes
+        assert not any(leaf.key in dsk for leaf in leaves)
+        assert reduction_expand._same_slots(
+            Task(key, p.func, as_unfused(outer)), Task(key, p.func, plain[key].args[0])
+        )
+        (got,) = results(dsk, [key])
+        np.testing.assert_array_equal(got, results(plain, [key])[0])
 
 
 # ------------------------------------------------------------------------ the rules
@@ -493,6 +548,73 @@ def test_any_tree_fuses_to_the_same_result_within_the_rules(
             for t in roots:
                 held = [u for u in _nodes(t) if type(u.key) is tuple and u.key[0] in leaf_names]
                 assert len(held) <= max_leaves
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 40),
+    # (Dask's own graph loses blocks with a split of 1 on an axis: not a tree)
+    split_rows=st.sampled_from([2, 3, 4]),
+    split_cols=st.sampled_from([2, 3, 4]),
+    least=st.integers(1, 40),
+    max_leaves=st.sampled_from([4, 9, 16, 64]),
+)
+def test_any_tree_over_two_axes_fuses_to_the_same_result_within_the_rules(
+    rows: int, cols: int, split_rows: int, split_cols: int, least: int, max_leaves: int
+) -> None:
+    """The same over a 2-D array reduced over both axes, whose reduction tasks list
+    their inputs as lists of lists (of any fan-in per axis): the fused graph computes
+    what the unfused one does, directly and through the encoder, and holds every leaf
+    exactly once."""
+    c = (da.ones((rows, cols), chunks=1) + 3).sum(split_every={0: split_rows, 1: split_cols})
+    plain, layers, keys = materialised(c, least=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tree_fuse, "MAX_LEAVES", max_leaves)
+        fused = tree_fuse.fuse_reduction_leaves(dict(plain), keys, layers, least)
+    assert all(k in fused for k in keys) and set(fused) <= set(plain)
+    want = float(4 * rows * cols)
+    np.testing.assert_array_equal(results(plain, keys)[0], want)
+    np.testing.assert_array_equal(results(fused, keys)[0], want)
+    np.testing.assert_array_equal(through_the_encoder(fused, layers, keys)[0], want)
+    by_layer: dict[Any, list[Any]] = {}
+    for t in [t for v in fused.values() for t in _nodes(v)]:
+        if type(t.key) is tuple:
+            by_layer.setdefault(t.key[0], []).append(t)
+    leaf_names = {n for n, t in layers.items() if type(t) is LayerTemplate}
+    for leaf_name in leaf_names:  # every leaf once, as itself or inlined
+        want_keys = sorted(k for k in plain if type(k) is tuple and k[0] == leaf_name)
+        assert sorted(t.key for t in by_layer.get(leaf_name, [])) == want_keys
+    for name in fused_layers(layers):
+        roots = [t for t in by_layer[name] if not t.dependencies]
+        assert len(roots) >= least
+        if type(layers[name].leaf) is FusedReductionTemplate:
+            for t in roots:
+                held = [u for u in _nodes(t) if type(u.key) is tuple and u.key[0] in leaf_names]
+                assert len(held) <= max_leaves
+
+
+def test_lists_of_lists_are_encoded_as_one_template_per_shape() -> None:
+    """A reduction over two axes: its fused tasks take the template path too (their
+    shapes tagged NESTED: lists of lists), and decode exactly as the generic
+    encoder's."""
+    dsk, layers, keys = materialised((da.ones((40, 40), chunks=1) + 3).sum(), least=10)
+    names = fused_layers(layers)
+    used = assert_encoded_alike(dsk, layers)
+    specs, _, encoder = encode(dsk, layers)
+    fused = [s for s in specs if type(s.key) is tuple and s.key[0] in names]
+    assert fused and all(s.payload.kind == TEMPLATE for s in fused)
+    assert used == encoder._layers.encoded >= len(fused)
+    # a task's shape: (NESTED, its rows), a row the shapes of its inputs (at the first
+    # level, how many leaves it has); tasks of 64 leaves (MAX_LEAVES) and a few of 16
+    first = (NESTED, (2, 2))
+    second = (NESTED, ((first, first), (first, first)))
+    third = (NESTED, ((second, second), (second, second)))
+    assert {n[1] for n in encoder._layers._made if type(n) is tuple} == {second, third}
+    leaf = next(n for n, t in layers.items() if type(t) is LayerTemplate)
+    held = [u for v in dsk.values() for u in _nodes(v) if type(u.key) is tuple and u.key[0] == leaf]
+    assert len(held) == 1600  # every leaf, once
+    np.testing.assert_allclose(through_the_encoder(dsk, layers, keys)[0], 6400.0)
 
 
 # ------------------------------------------------------------------------ the encoder

@@ -16,7 +16,9 @@ a task of ``k`` leaves is encoded as the template for ``k`` (the reduction's cal
 the leaf layer's call ``k`` times, each with its own slots), registered once per
 ``k``, and the ``k`` leaves' per-block values one after another. A level fused over a
 fused level nests the same way: its template is per shape (the tuple of its inputs'
-shapes).
+shapes). A reduction over several axes lists its inputs as lists of lists
+(``partial_reduce``): such a task's shape is ``(NESTED, (its lists' shapes))``, and
+its template has the same lists of lists of calls.
 
 No identity of task objects is trusted: a task is encoded this way only when it *is*
 the template with other values at the per-block places (the same function, the same
@@ -50,6 +52,9 @@ from shoal.protocol.serialize import (
 )
 
 MIN_BLOCKS = 256  # a smaller layer takes the generic encoder
+# The tag of a reduction's list of lists in a fused task's shape: ``(NESTED, (the
+# lists' shapes))`` (a reduction over several axes lists its inputs so).
+NESTED = "nested"
 MAX_TEMPLATE_BYTES = 64 * 1024  # as templates.py: larger templates are not made
 MAX_CACHED_VALUES = 4096  # distinct per-block values whose encoding a graph keeps
 
@@ -91,7 +96,8 @@ class ReductionTemplate:
 
 class FusedReductionTemplate:
     """A reduction layer whose tasks had their leaves fused in (``tree_fuse``): each is
-    ``Task(key, func, Task(None, _identity_cast, leaf1, ..., leafk, typ=list))``, each
+    ``Task(key, func, Task(None, _identity_cast, leaf1, ..., leafk, typ=list))`` (or
+    that list a list of such lists, over several axes), each
     ``leafi`` a task of the ``leaf`` layer's template with its own values in place
     (its key, no longer one of the graph's, is not sent). Its tasks left unfused keep
     the :class:`ReductionTemplate` shape."""
@@ -203,10 +209,34 @@ class LayerEncoder:
         if items and type(items[0]) is self._alias:  # a task left unfused
             return self._encode_reduction(name, ReductionTemplate(layer.func), node)
         values: list[Any] = []
-        shape = self._fused_values(layer, items, values)
+        shape = self._list_values(layer, items, values)
         if shape is None:
             return None
         return self._payload((name, shape), layer, values)
+
+    def _list_values(
+        self, layer: FusedReductionTemplate, items: tuple, values: list[Any]
+    ) -> int | tuple | None:
+        """:meth:`_fused_values` of a reduction's list ``items``, or, if ``items`` are
+        lists themselves (inner keyless ``_identity_cast(..., typ=list)`` tasks: a
+        reduction over several axes), of each of them: ``(NESTED, their shapes)``."""
+        first: Any = items[0] if items else None
+        if (
+            type(first) is not self._task_type
+            or first.key is not None
+            or first.func is not self._identity_cast
+        ):
+            return self._fused_values(layer, items, values)
+        shapes = []
+        for sub in items:
+            inner = self._list_inner(sub)
+            if inner is None or inner.key is not None:
+                return None
+            shape = self._list_values(layer, inner.args, values)
+            if shape is None:
+                return None
+            shapes.append(shape)
+        return (NESTED, tuple(shapes))
 
     def _fused_values(
         self, layer: FusedReductionTemplate, items: tuple, values: list[Any]
@@ -233,7 +263,7 @@ class LayerEncoder:
             inner = self._reduction_inner(t) if type(t) is task and t.func is func else None
             if inner is None:
                 return None
-            shape = self._fused_values(below, inner.args, values)
+            shape = self._list_values(below, inner.args, values)
             if shape is None:
                 return None
             shapes.append(shape)
@@ -244,7 +274,10 @@ class LayerEncoder:
         args = node.args
         if len(args) != 1 or node.kwargs:
             return None
-        inner = args[0]
+        return self._list_inner(args[0])
+
+    def _list_inner(self, inner: Any) -> Any:
+        """``inner`` if it is an ``_identity_cast(..., typ=list)`` task, else None."""
         if type(inner) is not self._task_type or inner.func is not self._identity_cast:
             return None
         kwargs = inner.kwargs
@@ -404,15 +437,20 @@ class LayerEncoder:
             leaf_kwargs = {k: slots.get(k, v) for k, v in kwargs.items()}
             return Call(TableFunction(leaf.func), leaf_args, leaf_kwargs)
 
-        def reduction_call(layer: FusedReductionTemplate, shape: Any) -> Call:
-            below = layer.leaf
-            if type(below) is LayerTemplate:
-                items = [leaf_call(below) for _ in range(shape)]
+        def list_call(layer: FusedReductionTemplate, shape: Any) -> Call:
+            items: list[Call]
+            if type(shape) is tuple and shape and shape[0] == NESTED:
+                items = [list_call(layer, s) for s in shape[1]]  # a list of lists
+            elif type(layer.leaf) is LayerTemplate:
+                items = [leaf_call(layer.leaf) for _ in range(shape)]
             else:
+                below = layer.leaf
                 assert type(below) is FusedReductionTemplate
                 items = [reduction_call(below, s) for s in shape]
-            inner = Call(TableFunction(self._identity_cast), tuple(items), {"typ": list})
-            return Call(TableFunction(layer.func), (inner,), {})
+            return Call(TableFunction(self._identity_cast), tuple(items), {"typ": list})
+
+        def reduction_call(layer: FusedReductionTemplate, shape: Any) -> Call:
+            return Call(TableFunction(layer.func), (list_call(layer, shape),), {})
 
         try:
             call = reduction_call(layer, shape)

@@ -11,7 +11,10 @@ task, where every list item is a key of the graph (what Dask makes an ``Alias`` 
 is built in one step, giving the same nodes. Anything else takes Dask's
 ``convert_legacy_task``. A name with at least ``layer_encode.MIN_BLOCKS`` such tasks
 leaves a :class:`~shoal.client.graph.layer_encode.ReductionTemplate` for the encoder
-(``templates``), which encodes each as the template plus its list of keys.
+(``templates``), which encodes each as the template plus its list of keys. A reduction
+over several axes lists its inputs as lists of lists of keys: those tasks (converted by
+Dask's code) count towards the template too, for the fusion of their leaves
+(``tree_fuse``); unfused, the encoder takes them the generic way.
 """
 
 from __future__ import annotations
@@ -64,9 +67,13 @@ def convert_legacy_graph(
             continue
         if type(arg) is tuple and len(arg) == 2 and type(arg[1]) is list and callable(arg[0]):
             items = arg[1]
-            if items and _all_keys_in(items, all_keys):
+            flat = bool(items) and _all_keys_in(items, all_keys)
+            if flat or _nested_keys_in(items, all_keys):
                 func = arg[0]
-                t = _reduction_task(k, func, items)
+                if flat:
+                    t = _reduction_task(k, func, items)
+                else:  # lists of lists of keys (a reduction over several axes): Dask's
+                    t = convert_legacy_task(k, arg, all_keys)
                 if templates is not None and type(k) is tuple and k and type(k[0]) is str:
                     seen = counts.get(k[0])
                     if seen is None:
@@ -121,6 +128,8 @@ def _dependencies(task: Any, keys: Any) -> set:
     [key, ...])`` its items that are keys, in the same order (the same set)."""
     if type(task) is tuple and len(task) == 2 and type(task[1]) is list and callable(task[0]):
         items = task[1]
+        while items and type(items[0]) is list and all(type(i) is list for i in items):
+            items = [i for sub in items for i in sub]  # lists of lists: over several axes
         if all(
             type(i) in _KEY_TYPES and not (type(i) is tuple and i and callable(i[0])) for i in items
         ):
@@ -170,18 +179,34 @@ def list_reduction_task(key: Key, func: Any, items: tuple, deps: Any) -> Any:
     slots set directly, ``deps`` (a frozenset) being both nodes' dependencies, as Dask's
     constructors would find them in ``items`` (the caller's check on a sample,
     ``_same_slots``, guards that this is what they build)."""
+    return reduction_node(key, func, list_node(items, deps), deps)
+
+
+def list_node(items: tuple, deps: Any) -> Any:
+    """``Task(None, _identity_cast, *items, typ=list)`` with its slots set directly,
+    ``deps`` its dependencies (see :func:`list_reduction_task`)."""
     from dask._task_spec import Task, _identity_cast
 
-    new: Any = object.__new__
-    inner = new(Task)
-    inner.key, inner.func, inner.args, inner.kwargs = None, _identity_cast, items, {"typ": list}
-    outer = new(Task)
-    outer.key, outer.func, outer.args, outer.kwargs = key, func, (inner,), {}
-    for node in (inner, outer):
-        node._dependencies = deps
-        node._is_coro = node._token = node._repr = None
-        node._data_producer = False
-    return outer
+    node: Any = object.__new__(Task)
+    node.key, node.func, node.args, node.kwargs = None, _identity_cast, items, {"typ": list}
+    return _filled(node, deps)
+
+
+def reduction_node(key: Key, func: Any, inner: Any, deps: Any) -> Any:
+    """``Task(key, func, inner)`` with its slots set directly (see
+    :func:`list_reduction_task`)."""
+    from dask._task_spec import Task
+
+    node: Any = object.__new__(Task)
+    node.key, node.func, node.args, node.kwargs = key, func, (inner,), {}
+    return _filled(node, deps)
+
+
+def _filled(node: Any, deps: Any) -> Any:
+    node._dependencies = deps
+    node._is_coro = node._token = node._repr = None
+    node._data_producer = False
+    return node
 
 
 def _same_slots(a: Any, b: Any) -> bool:
@@ -218,6 +243,20 @@ def _all_keys_in(items: list, keys: Container) -> bool:
         return all(type(i) in _KEY_TYPES and i in keys for i in items)
     except TypeError:
         return all(type(i) in _KEY_TYPES and _member(i, keys) for i in items)
+
+
+def _nested_keys_in(items: list, keys: Container) -> bool:
+    """Whether ``items`` is a non-empty list of non-empty lists, each of keys of the
+    graph or of such lists in turn (how ``partial_reduce`` lists its inputs when it
+    reduces over several axes)."""
+    if not items or type(items[0]) is not list:
+        return False
+    for sub in items:
+        if type(sub) is not list or not sub:
+            return False
+        if not (_all_keys_in(sub, keys) or _nested_keys_in(sub, keys)):
+            return False
+    return True
 
 
 def _members(items: list, keys: Container) -> list:

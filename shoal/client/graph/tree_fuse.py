@@ -13,6 +13,10 @@ subgraph), and the ``Li`` keys leave the graph. ``P`` keeps its key, its functio
 its result; each leaf does the same work as before, inside ``P``'s task, one after
 another.
 
+A reduction over several axes lists its inputs as lists of lists (``partial_reduce``:
+``func([[L1, L2], [L3, L4]])`` over two axes): its leaves are inlined in the same
+places of the same lists.
+
 Then level by level: a fused ``P`` is a root with one dependent, a leaf like any
 other, so the level above fuses its ``P``s in the same way (``Q = func2([P1(...), ...])``,
 each ``Pi`` with its leaves inlined), under the same rules, while the level still gets
@@ -27,7 +31,7 @@ A group (``P`` with its leaves) is fused only when all of these hold:
   ``LayerTemplate``: the encoder then sends the fused task as one template, see
   ``layer_encode.FusedReductionTemplate``), or a task fused at the level below, and
   ``P`` a task of a reduction layer (a ``ReductionTemplate``: exactly
-  ``func([Alias(L1), ..., Alias(Lk)])``);
+  ``func([Alias(L1), ..., Alias(Lk)])``, or that list a list of such lists);
 * every ``Li`` is a root (no dependency at all): fusing moves no data anywhere, and
   ``P`` becomes a root too;
 * every ``Li`` has exactly one dependent, ``P`` (and is named once in ``P``'s list):
@@ -55,6 +59,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.client.graph.layer_encode import (
+    NESTED,
     FusedReductionTemplate,
     LayerTemplate,
     ReductionTemplate,
@@ -109,7 +114,7 @@ def fuse_reduction_leaves(
     # makes, its inputs all of one leaf layer or one reduction layer (a level below,
     # fused first); and every key another task depends on.
     sources = leaf_layers | reductions.keys()
-    candidates: dict[str, list[tuple[Key, Any, list[Any], str]]] = {}
+    candidates: dict[str, list[tuple[Key, Any, list[Any], str, Any]]] = {}
     needed: set[Key] = set()
     for key, node in dsk.items():
         if type(node) is Task:
@@ -117,10 +122,11 @@ def fuse_reduction_leaves(
             if not deps:
                 continue  # a root (a possible leaf): depends on nothing
             if type(key) is tuple and key and key[0] in reductions:
-                targets = _reduction_inputs(node, reductions[key[0]].func, Alias, _identity_cast)
-                source = _one_layer(targets, sources) if targets else None
-                if targets and source is not None:
-                    candidates.setdefault(key[0], []).append((key, node, targets, source))
+                inputs = _reduction_inputs(node, reductions[key[0]].func, Alias, _identity_cast)
+                source = _one_layer(inputs[0], sources) if inputs else None
+                if inputs and source is not None:
+                    targets, form = inputs
+                    candidates.setdefault(key[0], []).append((key, node, targets, source, form))
                     continue
         else:
             deps = node.dependencies
@@ -133,7 +139,7 @@ def fuse_reduction_leaves(
     # reuse their keys' hashes, where looking each key up would hash it again.)
     seen: set[Key] = set()
     for groups in candidates.values():
-        for _, node, _, _ in groups:
+        for _, node, *_ in groups:
             deps = node._dependencies
             if not seen.isdisjoint(deps):
                 needed.update(seen.intersection(deps))
@@ -169,7 +175,7 @@ def _ready(source: str, leaf_layers: set[str], fused: dict[str, dict[Key, int]])
 
 def _fuse_layer(
     dsk: dict[Key, Any],
-    groups: list[tuple[Key, Any, list[Any], str]],
+    groups: list[tuple[Key, Any, list[Any], str, Any]],
     source: str,
     templates: dict[str, Template],
     fused: dict[str, dict[Key, int]],
@@ -187,7 +193,7 @@ def _fuse_layer(
     made: dict[Key, Any] = {}
     counts: dict[Key, int] = {}
     gone: list[Key] = []
-    for key, node, targets, layer in groups:
+    for key, node, targets, layer, form in groups:
         deps = node._dependencies
         # a key named twice in P's list would be computed twice, inlined
         if len(deps) != len(targets) or not needed.isdisjoint(deps):
@@ -209,7 +215,10 @@ def _fuse_layer(
             count = sum([below[t] for t in targets])
             if count > MAX_LEAVES:
                 continue
-        made[key] = build(key, node.func, items)
+        if type(form) is int:
+            made[key] = build(key, node.func, items)
+        else:  # lists of lists (a reduction over several axes)
+            made[key] = _nested_task(key, node.func, form, items)
         counts[key] = count
         gone.extend(targets)
     if len(made) < least:
@@ -221,28 +230,94 @@ def _fuse_layer(
     return counts
 
 
-def _reduction_inputs(node: Any, func: Any, alias: Any, identity_cast: Any) -> list[Any] | None:
-    """The keys of ``node``'s list if it is ``Task(key, func, Task(None,
-    _identity_cast, Alias(k1), ..., typ=list))``, else None."""
+def _reduction_inputs(
+    node: Any, func: Any, alias: Any, identity_cast: Any
+) -> tuple[list[Any], Any] | None:
+    """The keys ``node``'s list names, in order, and the list's form, if ``node`` is
+    ``Task(key, func, L)`` with ``L`` either ``Task(None, _identity_cast, Alias(k1),
+    ..., typ=list)`` (form: its length) or such a task of lists of the same kind
+    (``partial_reduce`` over several axes; form: ``(NESTED, (the lists' forms))``);
+    else None."""
     if node.func is not func:
         return None
     args = node.args
     if len(args) != 1 or node.kwargs:
         return None
-    inner = args[0]
+    targets: list[Any] = []
+    form = _list_form(args[0], type(node), alias, identity_cast, targets)
+    return None if form is None else (targets, form)
+
+
+def _list_form(inner: Any, task: Any, alias: Any, identity_cast: Any, targets: list) -> Any:
+    """The form of a reduction's (nested) list ``inner`` (see ``_reduction_inputs``),
+    its keys appended to ``targets`` in order; None if it is not of that shape."""
     if (
-        type(inner) is not type(node)
+        type(inner) is not task
         or inner.func is not identity_cast
         or len(inner.kwargs) != 1
         or inner.kwargs.get("typ") is not list
     ):
         return None
-    targets = []
-    for a in inner.args:
-        if type(a) is not alias:
+    items = inner.args
+    if not items:
+        return None
+    if type(items[0]) is alias:
+        for a in items:
+            if type(a) is not alias:
+                return None
+            targets.append(a.target)
+        return len(items)
+    forms = []
+    for sub in items:
+        form = _list_form(sub, task, alias, identity_cast, targets)
+        if form is None:
             return None
-        targets.append(a.target)
-    return targets
+        forms.append(form)
+    return (NESTED, tuple(forms))
+
+
+def _nested_task(key: Key, func: Any, form: Any, items: list) -> Any:
+    """``Task(key, func, L)``, ``L`` the nested lists of ``form`` over ``items`` in order."""
+    return _nested_builder()(key, func, form, items)
+
+
+@functools.cache
+def _nested_builder() -> Callable[[Key, Any, Any, list], Any]:
+    """:func:`_nested_task`'s nodes built with their slots set directly where that
+    builds exactly what Dask's constructors build (checked once on a sample), else
+    with the constructors."""
+    from dask._task_spec import DataNode, Task, _identity_cast, _no_deps
+
+    from shoal.client.graph.reduction_expand import _same_slots, list_node, reduction_node
+
+    def constructed(key: Key, func: Any, form: Any, items: list) -> Any:
+        leaves = iter(items)
+
+        def nested(f: Any) -> Any:
+            if type(f) is int:
+                return Task(None, _identity_cast, *[next(leaves) for _ in range(f)], typ=list)
+            return Task(None, _identity_cast, *[nested(g) for g in f[1]], typ=list)
+
+        return Task(key, func, nested(form))
+
+    def direct(key: Key, func: Any, form: Any, items: list) -> Any:
+        # (the leaves are roots: no node has a dependency)
+        leaves = iter(items)
+
+        def nested(f: Any) -> Any:
+            if type(f) is int:
+                return list_node(tuple([next(leaves) for _ in range(f)]), _no_deps)
+            return list_node(tuple([nested(g) for g in f[1]]), _no_deps)
+
+        return reduction_node(key, func, nested(form), _no_deps)
+
+    sample = [
+        Task(("a", i), _identity_cast, DataNode(None, i), DataNode(None, (2,)), typ=tuple)
+        for i in range(3)
+    ]
+    form = (NESTED, (2, (NESTED, (1,))))
+    want, got = constructed(("r", 0), sum, form, sample), direct(("r", 0), sum, form, sample)
+    return direct if _same_slots(want, got) else constructed
 
 
 def _one_layer(targets: list[Any], layers: set[str]) -> str | None:

@@ -2,12 +2,14 @@
 
     python benchmarks/graph_scale.py [--sizes 10k,100k,1M,3M] [--systems shoal,dask]
         [--modes zero,workers] [--repeat 1] [--dask-limit 600] [--dask-max-size N]
-        [--timeout S]
+        [--timeout S] [--ndim 1]
         [--out benchmarks/RESULTS-graph-scale.md]
 
 The graph is ``(da.ones((c,), chunks=1) + k).sum()`` with c = ¾ of the size: after
 dask's optimisation one fused ones+add+partial-sum task per chunk, then dask's 4-way
 reduction tree and the finalize tasks, about the size in all (1M gives 1,000,003).
+With ``--ndim 2`` (or 3) the same chunks make a square (cube) array summed over all
+its axes: Dask's tree then lists each task's inputs as lists of lists.
 "tasks" is the exact count of the graph as Dask makes it: for Dask, the number of tasks
 its scheduler holds after ingesting it; for shoal, the length of the graph
 ``materialize`` returned in the client plus the leaves ``tree_fuse`` fused into their
@@ -137,12 +139,19 @@ def size_label(n: int) -> str:
     return str(n)
 
 
+NDIM = 1  # --ndim: the array's axes (the sum is over all of them)
+
+
 def make_graph(size: int, k: int) -> tuple[Any, int]:
-    """(the collection, its expected result) for a graph of about ``size`` tasks."""
+    """(the collection, its expected result) for a graph of about ``size`` tasks: ¾ of
+    the size in chunks, over ``NDIM`` axes of equal length (``--ndim``)."""
     import dask.array as da
 
     chunks = max(1, size * 3 // 4)
-    return (da.ones((chunks,), chunks=1) + k).sum(), chunks * (1 + k)
+    side = max(1, round(chunks ** (1 / NDIM)))
+    shape = (side,) * NDIM if NDIM > 1 else (chunks,)
+    blocks = side**NDIM if NDIM > 1 else chunks
+    return (da.ones(shape, chunks=1) + k).sum(), blocks * (1 + k)
 
 
 def default_timeout(size: int) -> float:
@@ -832,6 +841,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="seconds per run (default 120 + 1.2 ms per task)",
     )
+    p.add_argument(
+        "--ndim",
+        type=int,
+        default=1,
+        help="the array's axes (default 1; 2 or 3: a reduction over several axes)",
+    )
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per cluster start")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="report path ('' for none)")
     p.add_argument(
@@ -854,11 +869,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"unknown mode {m!r} (expected {', '.join(MODES)})")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.ndim not in (1, 2, 3):
+        p.error("--ndim must be 1, 2 or 3")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    global NDIM
+    NDIM = args.ndim
     command = shlex.join(["python", "benchmarks/graph_scale.py", *(argv or sys.argv[1:])])
     available = []
     for s in args.systems:
@@ -875,8 +894,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(runs: list[Run], stopped: dict[str, str], final: bool = False) -> str:
         dask_sizes = f"; --dask-max-size {args.dask_max_size:,}" if args.dask_max_size else ""
+        axes = "" if args.ndim == 1 else f"the array over {args.ndim} axes (--ndim); "
         settings = (
-            f"sizes {', '.join(size_label(s) for s in args.sizes)}; modes "
+            f"{axes}sizes {', '.join(size_label(s) for s in args.sizes)}; modes "
             f"{', '.join(args.modes)}; {args.repeat} run(s) per size, mode and system, "
             f"systems {', '.join(args.systems)} alternating; --dask-limit "
             f"{args.dask_limit:g} s{dask_sizes}; total time {time.monotonic() - t0:.0f} s"

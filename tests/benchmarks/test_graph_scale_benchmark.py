@@ -57,6 +57,18 @@ def test_graph_has_about_the_size_in_tasks():
     assert expected == 1500 * 4
 
 
+@pytest.mark.parametrize("ndim, side", [(2, 39), (3, 11)])
+def test_ndim_makes_the_same_chunks_over_several_axes(monkeypatch, ndim, side):
+    import dask
+
+    monkeypatch.setattr(graph_scale, "NDIM", ndim)
+    collection, expected = graph_scale.make_graph(2000, 3)  # ~1,500 chunks
+    assert expected == side**ndim * 4  # (ones + 3) summed over side**ndim chunks of 1
+    assert dask.compute(collection, scheduler="sync")[0] == expected
+    with pytest.raises(SystemExit):
+        graph_scale.parse_args(["--ndim", "4"])
+
+
 @pytest.mark.timeout(300)
 def test_tiny_run_reports_both_systems_and_modes(tmp_path):
     out = tmp_path / "report.md"

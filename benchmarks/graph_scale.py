@@ -163,8 +163,10 @@ def default_timeout(size: int) -> float:
 
 class PhaseTimers:
     """Wraps, while entered, the functions a shoal client calls to submit a dask graph,
-    adding up the time spent in each; ``scheduled`` is the length of the materialised
-    graph, ``tasks`` that plus the leaves fused into reduction tasks (Dask's count)."""
+    adding up the time spent in each; ``scheduled`` is the number of tasks encoded (the
+    materialised graph less the aliases the client skips: a 2-D tree has some),
+    ``tasks`` the materialised graph's length plus the leaves fused into reduction
+    tasks (Dask's count)."""
 
     def __init__(self) -> None:
         self.seconds = {"materialise": 0.0, "order": 0.0, "encode": 0.0}
@@ -197,8 +199,8 @@ class PhaseTimers:
             t0 = clock()
             out = materialize(graph, *args)
             seconds["materialise"] += clock() - t0
-            self.scheduled = len(out[0])
-            self.tasks = self.scheduled + self.fused_away
+            self.scheduled = 0  # (counted as they are encoded)
+            self.tasks = len(out[0]) + self.fused_away
             self.fused_away = 0
             return out
 
@@ -218,6 +220,7 @@ class PhaseTimers:
             t0 = clock()
             out = task_spec(encoder, *args, **kwargs)
             seconds["encode"] += clock() - t0
+            self.scheduled += 1
             return out
 
         self._patch(collections, "materialize", timed_materialize)

@@ -525,8 +525,17 @@ def test_any_tree_fuses_to_the_same_result_within_the_rules(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tree_fuse, "MAX_LEAVES", max_leaves)
         fused = tree_fuse.fuse_reduction_leaves(dict(plain), keys, layers, least)
+    assert_fused_within_rules(plain, fused, layers, keys, float(4 * n), least, max_leaves)
+
+
+def assert_fused_within_rules(
+    plain: dict, fused: dict, layers: dict, keys: list, want: float, least: int, max_leaves: int
+) -> None:
+    """The fused graph keeps every key asked for, computes ``want`` (directly and
+    through the encoder), holds every leaf exactly once, fuses only levels of at least
+    ``least`` tasks, and no task fused above the first level holds more than
+    ``max_leaves`` leaves."""
     assert all(k in fused for k in keys) and set(fused) <= set(plain)
-    want = float(4 * n)
     np.testing.assert_array_equal(results(fused, keys)[0], want)
     np.testing.assert_array_equal(through_the_encoder(fused, layers, keys)[0], want)
     every = [t for v in fused.values() for t in _nodes(v)]
@@ -572,26 +581,9 @@ def test_any_tree_over_two_axes_fuses_to_the_same_result_within_the_rules(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tree_fuse, "MAX_LEAVES", max_leaves)
         fused = tree_fuse.fuse_reduction_leaves(dict(plain), keys, layers, least)
-    assert all(k in fused for k in keys) and set(fused) <= set(plain)
     want = float(4 * rows * cols)
     np.testing.assert_array_equal(results(plain, keys)[0], want)
-    np.testing.assert_array_equal(results(fused, keys)[0], want)
-    np.testing.assert_array_equal(through_the_encoder(fused, layers, keys)[0], want)
-    by_layer: dict[Any, list[Any]] = {}
-    for t in [t for v in fused.values() for t in _nodes(v)]:
-        if type(t.key) is tuple:
-            by_layer.setdefault(t.key[0], []).append(t)
-    leaf_names = {n for n, t in layers.items() if type(t) is LayerTemplate}
-    for leaf_name in leaf_names:  # every leaf once, as itself or inlined
-        want_keys = sorted(k for k in plain if type(k) is tuple and k[0] == leaf_name)
-        assert sorted(t.key for t in by_layer.get(leaf_name, [])) == want_keys
-    for name in fused_layers(layers):
-        roots = [t for t in by_layer[name] if not t.dependencies]
-        assert len(roots) >= least
-        if type(layers[name].leaf) is FusedReductionTemplate:
-            for t in roots:
-                held = [u for u in _nodes(t) if type(u.key) is tuple and u.key[0] in leaf_names]
-                assert len(held) <= max_leaves
+    assert_fused_within_rules(plain, fused, layers, keys, want, least, max_leaves)
 
 
 def test_lists_of_lists_are_encoded_as_one_template_per_shape() -> None:

@@ -181,7 +181,7 @@ def _fuse_layer(
     fused: dict[str, dict[Key, int]],
     needed: set[Key],
     least: int,
-    build: Callable[[Key, Any, list], Any],
+    build: Callable[[Key, Any, Any, list], Any],
 ) -> dict[Key, int]:
     """Fuses ``groups`` (one reduction layer's) into ``dsk`` in place, if at least
     ``least`` of them may be; returns each fused task's count of leaves (empty: none
@@ -215,10 +215,7 @@ def _fuse_layer(
             count = sum([below[t] for t in targets])
             if count > MAX_LEAVES:
                 continue
-        if type(form) is int:
-            made[key] = build(key, node.func, items)
-        else:  # lists of lists (a reduction over several axes)
-            made[key] = _nested_task(key, node.func, form, items)
+        made[key] = build(key, node.func, form, items)
         counts[key] = count
         gone.extend(targets)
     if len(made) < least:
@@ -276,16 +273,25 @@ def _list_form(inner: Any, task: Any, alias: Any, identity_cast: Any, targets: l
     return (NESTED, tuple(forms))
 
 
-def _nested_task(key: Key, func: Any, form: Any, items: list) -> Any:
-    """``Task(key, func, L)``, ``L`` the nested lists of ``form`` over ``items`` in order."""
-    return _nested_builder()(key, func, form, items)
+def _one_layer(targets: list[Any], layers: set[str]) -> str | None:
+    """The one layer of ``layers`` all ``targets`` are keys of, or None."""
+    first = targets[0]
+    if type(first) is not tuple or not first or first[0] not in layers:
+        return None
+    name = first[0]
+    if all(type(t) is tuple and t and t[0] == name for t in targets):
+        return name
+    return None
 
 
 @functools.cache
-def _nested_builder() -> Callable[[Key, Any, Any, list], Any]:
-    """:func:`_nested_task`'s nodes built with their slots set directly where that
-    builds exactly what Dask's constructors build (checked once on a sample), else
-    with the constructors."""
+def _builder() -> Callable[[Key, Any, Any, list], Any]:
+    """A function building ``Task(key, func, L)``, ``L`` the list of ``form`` over the
+    leaves in order (a flat ``Task(None, _identity_cast, *leaves, typ=list)`` for an int
+    form, lists of such lists for ``(NESTED, ...)``): every node's slots set directly
+    where that builds exactly what Dask's constructors build (checked once on a flat
+    and a nested sample), else the constructors. The leaves are roots, so no node has
+    a dependency, and the constructors would only walk the arguments to find none."""
     from dask._task_spec import DataNode, Task, _identity_cast, _no_deps
 
     from shoal.client.graph.reduction_expand import _same_slots, list_node, reduction_node
@@ -301,7 +307,8 @@ def _nested_builder() -> Callable[[Key, Any, Any, list], Any]:
         return Task(key, func, nested(form))
 
     def direct(key: Key, func: Any, form: Any, items: list) -> Any:
-        # (the leaves are roots: no node has a dependency)
+        if type(form) is int:  # (most tasks: a flat list, the leaves as they are)
+            return reduction_node(key, func, list_node(tuple(items), _no_deps), _no_deps)
         leaves = iter(items)
 
         def nested(f: Any) -> Any:
@@ -312,55 +319,12 @@ def _nested_builder() -> Callable[[Key, Any, Any, list], Any]:
         return reduction_node(key, func, nested(form), _no_deps)
 
     sample = [
-        Task(("a", i), _identity_cast, DataNode(None, i), DataNode(None, (2,)), typ=tuple)
-        for i in range(3)
-    ]
-    form = (NESTED, (2, (NESTED, (1,))))
-    want, got = constructed(("r", 0), sum, form, sample), direct(("r", 0), sum, form, sample)
-    return direct if _same_slots(want, got) else constructed
-
-
-def _one_layer(targets: list[Any], layers: set[str]) -> str | None:
-    """The one layer of ``layers`` all ``targets`` are keys of, or None."""
-    first = targets[0]
-    if type(first) is not tuple or not first or first[0] not in layers:
-        return None
-    name = first[0]
-    if all(type(t) is tuple and t and t[0] == name for t in targets):
-        return name
-    return None
-
-
-@functools.cache
-def _builder() -> Callable[[Key, Any, list], Any]:
-    """:func:`_direct` where it builds exactly what Dask's constructors build (every
-    slot the same, checked once on a sample), else the constructors."""
-    from dask._task_spec import DataNode, Task, _identity_cast
-
-    from shoal.client.graph.reduction_expand import _same_slots
-
-    def constructed(key: Key, func: Any, leaves: list) -> Any:
-        return Task(key, func, Task(None, _identity_cast, *leaves, typ=list))
-
-    sample = [
         Task(("a", 0), _identity_cast, DataNode(None, 1), DataNode(None, (2,)), typ=tuple),
         Task(("a", 1), max, 5, DataNode(None, (3,)), _data_producer=True),
+        Task(("a", 2), _identity_cast, DataNode(None, 2), typ=tuple),
     ]
-    built = _direct()
-    want, got = constructed(("r", 0), sum, sample), built(("r", 0), sum, sample)
-    return built if _same_slots(want, got) else constructed
-
-
-def _direct() -> Callable[[Key, Any, list], Any]:
-    """A function building ``Task(key, func, Task(None, _identity_cast, *leaves,
-    typ=list))`` with the two nodes' slots set directly: the leaves are roots, so
-    neither node has a dependency, and Dask's constructors would only walk the
-    arguments to find none."""
-    from dask._task_spec import _no_deps
-
-    from shoal.client.graph.reduction_expand import list_reduction_task
-
-    def built(key: Key, func: Any, leaves: list) -> Any:
-        return list_reduction_task(key, func, tuple(leaves), _no_deps)
-
-    return built
+    for form in (3, (NESTED, (2, (NESTED, (1,))))):
+        want = constructed(("r", 0), sum, form, sample)
+        if not _same_slots(want, direct(("r", 0), sum, form, sample)):
+            return constructed
+    return direct

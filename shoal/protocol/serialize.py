@@ -586,7 +586,9 @@ class _BoundedWriter:
         self.limit = limit
 
     def write(self, data: Any) -> int:
-        n = len(data)
+        # A buffer of at least a frame's size comes as a PickleBuffer (protocol 5, no
+        # buffer_callback: written in band, without a copy), which has no len().
+        n = memoryview(data).nbytes
         self.size += n
         if self.size > self.limit:
             raise _TooLarge

@@ -76,6 +76,7 @@ VALUES: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
     ("bool_", np.bool_, (True,)),
     ("datetime64", np.datetime64, ("2026-01-02",)),
     ("array", np.arange, (50,)),
+    ("array 80 KB", np.ones, ((100, 100),)),  # its buffer reaches the writer as a PickleBuffer
     ("series", pd.Series, (list(range(100)),)),
     ("frame", small_frame, ()),
     ("tuple", tuple, ([1, "a", None],)),

@@ -744,6 +744,17 @@ def test_the_inline_limit_is_on_the_serialised_size():
     assert inline(7, limit=0) is not None
 
 
+def test_a_large_buffer_under_the_limit_goes_inline():
+    # The pickler hands a buffer of a frame's size or more (64 KiB) to the writer as a
+    # PickleBuffer: 80 KB, the result of ``(x.T @ x)`` for 100 columns, used to be
+    # refused for that (a TypeError taken for "does not pickle") and fetched instead.
+    gram = np.arange(100 * 100, dtype=np.float64).reshape(100, 100)
+    payload = inline(gram, limit=256 * 1024)
+    assert payload is not None and payload.nbuffers == 0
+    assert np.array_equal(s.loads_value(payload), gram)
+    assert inline(np.zeros(257 * 1024 // 8), limit=256 * 1024) is None
+
+
 def test_a_result_that_does_not_pickle_is_left_to_the_fetch():
     assert inline(threading.Lock()) is None
 

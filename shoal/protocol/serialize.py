@@ -24,13 +24,14 @@ import io
 import pickle
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple
 
 import cloudpickle
 import msgspec
 
 from shoal.protocol import plain_codec
+from shoal.protocol.function_keys import structural_key
 from shoal.protocol.messages import Key, Payload
 from shoal.protocol.template_plan import TemplatePlan
 
@@ -91,6 +92,9 @@ class FunctionTable:
 
     def __init__(self, max_cached: int = 10_000):
         self._by_obj: dict[int, tuple[Any, str]] = {}  # id(func) -> (func, fid)
+        # A partial, Compose or bound method Dask makes anew per graph, by what it is
+        # made of (shoal/protocol/function_keys.py) -> (the objects the key names, fid)
+        self._by_structure: dict[Hashable, tuple[list[Any], str]] = {}
         self.bytes: dict[str, bytes] = {}
         self._max_cached = max_cached
 
@@ -98,12 +102,22 @@ class FunctionTable:
         hit = self._by_obj.get(id(func))
         if hit is not None and hit[0] is func:
             return hit[1]
-        try:
-            data = cloudpickle.dumps(func, protocol=5)
-        except Exception as e:
-            raise SerializationError(f"cannot serialise function {func!r}: {e}") from e
-        fid = function_id(data)
-        self.bytes.setdefault(fid, data)
+        pinned: list[Any] = []
+        key = structural_key(func, pinned)
+        found = self._by_structure.get(key) if key is not None else None
+        if found is not None:
+            fid = found[1]
+        else:
+            try:
+                data = cloudpickle.dumps(func, protocol=5)
+            except Exception as e:
+                raise SerializationError(f"cannot serialise function {func!r}: {e}") from e
+            fid = function_id(data)
+            self.bytes.setdefault(fid, data)
+            if key is not None:
+                if len(self._by_structure) >= self._max_cached:
+                    self._by_structure.clear()  # rare, as below
+                self._by_structure[key] = (pinned, fid)
         if len(self._by_obj) >= self._max_cached:
             self._by_obj.clear()  # rare; the content hash keeps ids stable anyway
         self._by_obj[id(func)] = (func, fid)

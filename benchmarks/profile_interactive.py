@@ -81,7 +81,12 @@ def make_cells(rows: int) -> dict[str, Callable[[], Any]]:
         "merge": lambda: df.merge(small, on="a"),
         "array": lambda: da.ones((1000, 1000), chunks=250).sum(),
         "delayed": lambda: dask.delayed(sum)([1, 2, 3]),
+        "matmul": lambda: _gram(da.random.default_rng(1).random((2000, 100), chunks=(200, 100))),
     }
+
+
+def _gram(x: Any) -> Any:
+    return x.T @ x
 
 
 # ----------------------------------------------------------------------------- phases
@@ -452,7 +457,11 @@ def trace_stats(lines: list[dict[str, Any]]) -> dict[str, tuple[float, float, in
     return out
 
 
-def run_trace(cells: dict[str, Callable[[], Any]], directory: Path, repeats: int) -> None:
+def run_trace(
+    cells: dict[str, Callable[[], Any]], directory: Path, repeats: int, via_get: bool = False
+) -> None:
+    import dask
+
     directory.mkdir(parents=True, exist_ok=True)
     for old in directory.glob("trace-*.jsonl"):
         old.unlink()
@@ -470,7 +479,11 @@ def run_trace(cells: dict[str, Callable[[], Any]], directory: Path, repeats: int
         for name, make in cells.items():
             for _ in range(repeats):
                 t0 = time.time()
-                client.compute(make(), sync=True)
+                if via_get:  # the notebook's path: the client as Dask's scheduler
+                    with dask.config.set(scheduler=client.get):
+                        make().compute()
+                else:
+                    client.compute(make(), sync=True)
                 t1 = time.time()
                 _settle(0.2)
             marks.append((name, t0, t1))  # the last compute of the cell
@@ -500,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=0.05, help="seconds between computes")
     parser.add_argument("--trace", type=Path, default=None, help="also trace messages here")
     parser.add_argument("--trace-repeats", type=int, default=3)
+    parser.add_argument(
+        "--trace-via",
+        choices=("compute", "get"),
+        default="compute",
+        help="trace client.compute(coll, sync=True), or coll.compute() with the client as "
+        "Dask's scheduler (its get: the interactive benchmark's path)",
+    )
     parser.add_argument(
         "--loop",
         type=float,
@@ -559,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
     if args.trace:
-        run_trace(cells, args.trace, args.trace_repeats)
+        run_trace(cells, args.trace, args.trace_repeats, args.trace_via == "get")
     return 0
 
 

@@ -47,6 +47,7 @@ def test_profile_interactive_tiny(tmp_path: Path) -> None:
             "--json", str(raw),
             "--trace", str(trace),
             "--trace-repeats", "1",
+            "--trace-via", "get",  # the notebook's path: the client as Dask's scheduler
             "--experiments",
         ],
         timeout=200,

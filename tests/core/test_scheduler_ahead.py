@@ -73,15 +73,60 @@ def test_a_dependent_of_tasks_on_two_workers_is_not_sent_ahead():
     assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
 
 
-def test_only_with_every_dependency_on_the_worker():
+def test_once_one_side_of_a_reduction_is_done_it_goes_ahead_to_the_other():
+    """The aggregate of inputs on two workers: once those on one are in memory (a
+    little data), it goes ahead to the worker computing the rest, which fetches the
+    done ones meanwhile instead of after a round trip through the scheduler."""
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"a": [], "b": [], "c": ["a", "b"]}, wanted=["c"])
+    first, last = sim.worker_of("a"), sim.worker_of("b")
+    sim.clear()
+    sim.finish("a", nbytes=80_000)  # x.T @ x's partial of 100 x 100 floats
+    assert sim.state("c") == "processing" and sim.worker_of("c") == last
+    assert sim.ws(last).ahead == {sim.ts("c")} and sim.s.placed_ahead == 1
+    (sent,) = computes(sim.to_worker(last))
+    assert sorted(sent.deps, key=lambda d: d.key) == [
+        DepInfo("a", 80_000, [first]),  # fetched from there now
+        DepInfo("b", 0, []),  # computing here
+    ]
+    assert computes(sim.to_worker(first)) == []
+    sim.finish("b")
+    assert sim.ws(last).ahead == set() and sim.to_worker(last) == []  # c is there already
+    sim.finish("c")
+    assert sim.state("c") == "memory"
+
+
+def test_much_data_elsewhere_keeps_a_task_from_going_ahead():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"a": [], "b": [], "c": ["a", "b"]}, wanted=["c"])
+    sim.finish("a", nbytes=10_000_000)  # 0.1 s at the assumed bandwidth
+    assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
+    sim.finish("b")
+    assert sim.state("c") == "processing" and not sim.ts("c").waiting_on  # placed as usual
+
+
+def test_nothing_goes_ahead_to_a_worker_with_a_queue_when_an_input_is_done():
+    """A graph that keeps the workers busy gains nothing from it: a task waiting on a
+    worker with a queue stays waiting when another of its inputs comes into memory."""
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"a": [], "b": [], "c": ["a", "b"]}, wanted=["c"])
+    busy = sim.worker_of("b")
+    pinned = {f"q-{i}": TaskRestrictions([busy]) for i in range(3)}
+    sim.submit({f"q-{i}": [] for i in range(3)}, restrictions=pinned)  # 0.5 s each
+    assert not sim.s._is_free(sim.ws(busy))
+    sim.finish("a")
+    assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
+
+
+def test_only_with_little_data_elsewhere():
     sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
     sim.scatter(W1, {"x": 8})
-    sim.scatter(W2, {"y": 8})
+    sim.scatter(W2, {"y": 1_000_000})
     sim.scatter(W1, {"z": 8})
     sim.scatter(W2, {"z": 8})  # a replica on each
     sim.submit({"a": [], "b": ["a", "x", "y"], "c": ["a", "z"]}, wanted=["b", "c"])
     w = sim.worker_of("a")
-    # b needs data on both workers: placed once ready, where it is best then
+    # b needs a megabyte on the other worker: placed once ready, where it is best then
     assert sim.state("b") == "waiting"
     assert sim.worker_of("c") == w  # z is in memory there too
     (sent,) = [c for c in computes(sim.to_worker(w)) if c.key == "c"]
@@ -89,6 +134,15 @@ def test_only_with_every_dependency_on_the_worker():
         DepInfo("a", 0, []),
         DepInfo("z", 8, [W1, W2]),
     ]
+
+
+def test_a_little_data_elsewhere_is_fetched_while_the_rest_computes():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.scatter(W2, {"y": 8})
+    sim.submit({"a": [], "b": ["a", "y"]}, wanted=["b"], restrictions={"a": TaskRestrictions([W1])})
+    assert sim.worker_of("b") == W1 and sim.ts("b") in sim.ws(W1).ahead
+    (sent,) = [c for c in computes(sim.to_worker(W1)) if c.key == "b"]
+    assert sorted(sent.deps, key=lambda d: d.key) == [DepInfo("a", 0, []), DepInfo("y", 8, [W2])]
 
 
 def test_at_most_two_per_thread_ahead_on_a_worker():

@@ -6,7 +6,11 @@ scheduler decides, and a ComputeTask travels back before the next level starts. 
 whose dependencies are all on one worker W, being computed there (or already in
 memory there), need not wait for that: it is sent to W at once, *ahead*. The worker
 holds it in ``waiting`` until its local dependencies are in memory and starts it the
-moment they finish, with no message in between.
+moment they finish, with no message in between. Dependencies already in memory on
+other workers, up to what moves within the transfer latency, do not keep a task from
+going ahead: W fetches them while the rest compute (a reduction's aggregate, its
+inputs on two workers, then starts as its last local input is done, not a round trip
+and a fetch later).
 
 An ahead task is in state ``processing`` on W with a non-empty ``waiting_on`` (the
 dependencies still processing on W), and is in ``W.ahead``. It holds no thread: it does
@@ -37,6 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.scheduler.model import TaskState, WorkerRecord, discarded
+from shoal.core.scheduler.placement import BANDWIDTH
 
 AHEAD_PER_THREAD = 2  # tasks a worker may hold ahead, per thread
 # ... or up to this many, while their measured work is within the transfer latency
@@ -93,9 +98,14 @@ class PlaceAhead:
 
     def _place_ahead(self, stimulus_id: str) -> None:
         """End of an event: send the waiting dependents of tasks that started
-        processing in it ahead to their worker, where they qualify."""
+        processing in it ahead to their worker, where they qualify; and tasks a
+        dependency of which came into memory in it, where what they still wait on
+        computes on a worker without a queue."""
         started, self._ahead_from = self._ahead_from, []
         for dts in started:
+            if dts.state == "waiting":
+                self._place_waiting_ahead(dts, stimulus_id)
+                continue
             ws = dts.processing_on
             if (
                 ws is None
@@ -110,12 +120,36 @@ class PlaceAhead:
                 if len(ws.ahead) >= limit and not self._tiny_ahead(ts, ws):
                     break
                 if ts.state == "waiting" and self._may_wait_ahead(ts, ws):
-                    self._record_transition((ts.key, "waiting", "processing", stimulus_id))
-                    self.transition_counter += 1
-                    ts.state = "processing"
-                    self._add_processing(ts, ws)  # into ws.ahead: it waits on some
-                    self._send_compute(ts, ws, stimulus_id)
-                    self.placed_ahead += 1
+                    self._send_ahead(ts, ws, stimulus_id)
+
+    def _place_waiting_ahead(self, ts: TaskState, stimulus_id: str) -> None:
+        """``ts`` waits, one of its dependencies just came into memory: ahead to the
+        worker computing the rest, if that worker is free (a graph keeping the workers
+        busy gains nothing from it) and ``ts`` qualifies."""
+        waiting_on = ts.waiting_on
+        if not waiting_on or self.nlimited:
+            return
+        first = next(iter(waiting_on))
+        ws = first.processing_on
+        if (
+            ws is None
+            or not self._is_free(ws)  # its queue holds more than a moment's work
+            or ws.address not in self.runnable
+            or not ws.min_slots
+        ):
+            return
+        if len(ws.ahead) >= self.ahead_per_thread * ws.nthreads and not self._tiny_ahead(ts, ws):
+            return
+        if self._may_wait_ahead(ts, ws):
+            self._send_ahead(ts, ws, stimulus_id)
+
+    def _send_ahead(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
+        self._record_transition((ts.key, "waiting", "processing", stimulus_id))
+        self.transition_counter += 1
+        ts.state = "processing"
+        self._add_processing(ts, ws)  # into ws.ahead: it waits on some
+        self._send_compute(ts, ws, stimulus_id)
+        self.placed_ahead += 1
 
     def _tiny_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
         """``ts`` may wait ahead on ``ws`` beyond the count limit: the work held there
@@ -133,21 +167,28 @@ class PlaceAhead:
         return budget >= 0
 
     def _may_wait_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
-        """Every dependency of ``ts`` is on ``ws``: in memory there, or processing there
-        for real (not ahead, no steal request out), so that ``ws`` is where the data
-        will all be (a task needing data from elsewhere is placed as usual, once it is
-        ready: an idle worker may then be better). ``ts`` itself is unrestricted and
-        recomputable, and not a task the scheduler coordinates (a shuffle's, an actor)."""
+        """Every dependency of ``ts`` still computing is processing on ``ws`` for real
+        (not ahead, no steal request out), and those in memory are there too, or
+        elsewhere in at most what moves within the transfer latency
+        (:meth:`_ahead_fetch_bytes`): ``ws`` fetches them while the others compute,
+        where placing ``ts`` once ready would have fetched them after (the aggregate of
+        a reduction over two workers: ``x.T @ x``, ``df.b.sum()``). More data elsewhere
+        and ``ts`` is placed as usual, once ready: another worker may then be better.
+        ``ts`` itself is unrestricted and recomputable, and not a task the scheduler
+        coordinates (a shuffle's, an actor)."""
         if ts.restrictions is not None or ts.payload is None or not ts.waiting_on:
             return False
         if (self.shuffle_tasks and ts in self.shuffle_tasks) or ts.key in self._actor_ids:
             return False
         steals = self.steals
         waiting_on = ts.waiting_on
+        elsewhere = 0  # bytes of the dependencies in memory only on other workers
         for dts in ts.dependencies:
-            if dts not in waiting_on:  # in memory: here, or it is no better here
+            if dts not in waiting_on:  # in memory: here, or fetched while the rest compute
                 if ws not in dts.who_has:
-                    return False
+                    elsewhere += dts.nbytes
+                    if elsewhere > self._ahead_fetch_bytes():
+                        return False
             elif (
                 dts.processing_on is not ws
                 or dts.state != "processing"
@@ -156,6 +197,12 @@ class PlaceAhead:
             ):
                 return False
         return True
+
+    def _ahead_fetch_bytes(self) -> float:
+        """The most data a task sent ahead may need from other workers: what moves
+        within the transfer latency at the assumed bandwidth (0 with no latency term:
+        only data on its worker)."""
+        return self.transfer_latency * BANDWIDTH
 
     def _waited_on_ahead(self, ts: TaskState) -> list[TaskState]:
         """The tasks waiting ahead on ``ts``'s result."""

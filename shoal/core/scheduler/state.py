@@ -600,6 +600,8 @@ class SchedulerState(
                 dts.waiting_on = discarded(dts.waiting_on, ts)
                 if not dts.waiting_on:
                     recs[dts] = self._ready_state(dts)
+                elif self.ahead_per_thread:
+                    self._ahead_from.append(dts)  # what it still waits on may take it ahead
             elif dts.waiting_on and state == "processing":
                 self._dependency_done_ahead(ts, dts)  # on its way already
         for dts in ts.dependencies:

@@ -2,9 +2,9 @@
 :class:`~shoal.core.scheduler.SchedulerState`, as placement.
 
 Spreading the inputs of one reduction over two workers buys parallelism but costs a
-transfer: the task that combines them fetches the ones computed elsewhere, and cannot
-be sent ahead (core/scheduler/ahead.py), so it also waits for a round trip through the
-scheduler. For tasks of seconds that is nothing; for a small tree of tasks of
+transfer: the task that combines them fetches the ones computed elsewhere, and goes
+ahead (core/scheduler/ahead.py) only once those are done, often after a round trip
+through the scheduler. For tasks of seconds that is nothing; for a small tree of tasks of
 microseconds (``da.ones(...).sum()``: 16 roots of ~0.1 ms, 4 partial sums, one
 aggregate) the transfer and round trip are most of the compute.
 

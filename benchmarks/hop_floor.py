@@ -78,6 +78,14 @@ class _Framed(asyncio.Protocol):
 # ----------------------------------------------------------------------- the relay
 
 
+async def _exit_with_parent() -> None:
+    """A relay or echo left behind by a killed benchmark ends on its own."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    os._exit(0)
+
+
 async def _relay(port_file: str) -> None:
     """Messages from a client (first byte ``C``) go to the echo; the echo's answers
     (``W``) go back to the client whose id they carry."""
@@ -97,7 +105,7 @@ async def _relay(port_file: str) -> None:
     with open(port_file + ".tmp", "w") as fh:
         fh.write(str(server.sockets[0].getsockname()[1]))
     os.replace(port_file + ".tmp", port_file)
-    await asyncio.Event().wait()
+    await _exit_with_parent()
 
 
 async def _echo(relay_port: int) -> None:
@@ -125,7 +133,7 @@ async def _echo(relay_port: int) -> None:
 
     _, relay = await loop.create_connection(lambda: _Framed(on_message), "127.0.0.1", relay_port)
     relay.send(b"Hecho")
-    await asyncio.Event().wait()
+    await _exit_with_parent()
 
 
 # ----------------------------------------------------------------------- the client

@@ -520,20 +520,22 @@ def _layer_template(
     (``constants``) already in place, the others per block."""
     arg_slots, kwarg_slots = slots
     args = list(task.args)
-    per_block: list[int] = []
-    for i, token in arg_slots:
-        if token in constants:
-            args[i] = constants[token]
-        else:
-            per_block.append(i)
     kwargs = dict(task.kwargs)
-    per_block_kw: list[str] = []
-    for name, token in kwarg_slots:
-        if token in constants:
-            kwargs[name] = constants[token]
-        else:
-            per_block_kw.append(name)
+    per_block = _fill_constants(args, arg_slots, constants)
+    per_block_kw = _fill_constants(kwargs, kwarg_slots, constants)
     return LayerTemplate(task.func, args, kwargs, per_block, per_block_kw)
+
+
+def _fill_constants(values: Any, slots: list[Any], constants: dict[str, Any]) -> list[Any]:
+    """Put in ``values`` (a task's argument list or keyword dict) the nodes of the
+    placeholders that are the same in every block; the places of the others."""
+    per_block = []
+    for where, token in slots:
+        if token in constants:
+            values[where] = constants[token]
+        else:
+            per_block.append(where)
+    return per_block
 
 
 # Values that Dask's ``parse_input`` returns unchanged, also as items of a plain tuple

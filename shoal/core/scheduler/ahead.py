@@ -100,24 +100,17 @@ class PlaceAhead:
         """End of an event: send the waiting dependents of tasks that started
         processing in it ahead to their worker, where they qualify; and tasks a
         dependency of which came into memory in it, where what they still wait on
-        computes on a worker without a queue."""
+        computes on a free worker."""
         started, self._ahead_from = self._ahead_from, []
         for dts in started:
             if dts.state == "waiting":
                 self._place_waiting_ahead(dts, stimulus_id)
                 continue
             ws = dts.processing_on
-            if (
-                ws is None
-                or dts.waiting_on
-                or self.nlimited
-                or ws.address not in self.runnable
-                or not ws.min_slots
-            ):
+            if ws is None or dts.waiting_on or not self._takes_ahead(ws):
                 continue
-            limit = self.ahead_per_thread * ws.nthreads
             for ts in list(dts.waiters):
-                if len(ws.ahead) >= limit and not self._tiny_ahead(ts, ws):
+                if not self._room_ahead(ts, ws):
                     break
                 if ts.state == "waiting" and self._may_wait_ahead(ts, ws):
                     self._send_ahead(ts, ws, stimulus_id)
@@ -126,22 +119,26 @@ class PlaceAhead:
         """``ts`` waits, one of its dependencies just came into memory: ahead to the
         worker computing the rest, if that worker is free (a graph keeping the workers
         busy gains nothing from it) and ``ts`` qualifies."""
-        waiting_on = ts.waiting_on
-        if not waiting_on or self.nlimited:
+        if not ts.waiting_on:
             return
-        first = next(iter(waiting_on))
-        ws = first.processing_on
+        ws = next(iter(ts.waiting_on)).processing_on
         if (
-            ws is None
-            or not self._is_free(ws)  # its queue holds more than a moment's work
-            or ws.address not in self.runnable
-            or not ws.min_slots
+            ws is not None
+            and self._is_free(ws)  # its queue holds no more than a moment's work
+            and self._takes_ahead(ws)
+            and self._room_ahead(ts, ws)
+            and self._may_wait_ahead(ts, ws)
         ):
-            return
-        if len(ws.ahead) >= self.ahead_per_thread * ws.nthreads and not self._tiny_ahead(ts, ws):
-            return
-        if self._may_wait_ahead(ts, ws):
             self._send_ahead(ts, ws, stimulus_id)
+
+    def _takes_ahead(self, ws: WorkerRecord) -> bool:
+        """``ws`` takes tasks ahead: it takes new tasks, and no worker has a walltime
+        limit."""
+        return not self.nlimited and ws.address in self.runnable and bool(ws.min_slots)
+
+    def _room_ahead(self, ts: TaskState, ws: WorkerRecord) -> bool:
+        """``ws`` holds fewer tasks ahead than its limit, or ``ts`` fits as a tiny one."""
+        return len(ws.ahead) < self.ahead_per_thread * ws.nthreads or self._tiny_ahead(ts, ws)
 
     def _send_ahead(self, ts: TaskState, ws: WorkerRecord, stimulus_id: str) -> None:
         self._record_transition((ts.key, "waiting", "processing", stimulus_id))
@@ -182,12 +179,12 @@ class PlaceAhead:
             return False
         steals = self.steals
         waiting_on = ts.waiting_on
-        elsewhere = 0  # bytes of the dependencies in memory only on other workers
+        fetch = self._ahead_fetch_bytes()  # what may come from other workers
         for dts in ts.dependencies:
             if dts not in waiting_on:  # in memory: here, or fetched while the rest compute
                 if ws not in dts.who_has:
-                    elsewhere += dts.nbytes
-                    if elsewhere > self._ahead_fetch_bytes():
+                    fetch -= dts.nbytes
+                    if fetch < 0:
                         return False
             elif (
                 dts.processing_on is not ws

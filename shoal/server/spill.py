@@ -99,11 +99,6 @@ class SpillBuffer(MutableMapping[Key, Any]):
     def __len__(self) -> int:
         return len(self._fast) + len(self._slow)
 
-    def peek(self, key: Key, default: Any = None) -> Any:
-        """The value of ``key`` if it is in memory, else ``default``: no disk read, and
-        not counted as a use."""
-        return self._fast.get(key, default)
-
     def in_memory(self, key: Key) -> bool:
         """Whether ``key``'s value is in memory (reading it touches no disk)."""
         return key in self._fast

@@ -33,7 +33,6 @@ from shoal.server.fused_chains import with_fast_chains
 from shoal.server.inline_results import InlineResults
 from shoal.server.interrupt import TaskThreads, ThreadSlot
 from shoal.server.output import OutputCollector
-from shoal.server.run_next import DELIVER, RERUN, RunNextOffers
 from shoal.server.worker_transfer import DESERIALISE_LOCK
 
 if TYPE_CHECKING:
@@ -76,7 +75,6 @@ class TaskThreadMixin:
     _task_threads: TaskThreads
     _inline_results: InlineResults
     _loaded_functions: dict[str, Any]
-    _run_next: RunNextOffers | None
 
     if TYPE_CHECKING:
 
@@ -97,11 +95,7 @@ class TaskThreadMixin:
         _current.batch = None
         if batch is not None and index + 1 < len(batch):
             self._queue.put(batch[index + 1 :])
-        early, offers = getattr(_current, "early", None), self._run_next
-        # A task run early (shoal/server/run_next.py) that nothing has claimed yet is
-        # not counted by the state machine: it is told at the claim.
-        if early is None or offers is None or offers.note_secede(early):
-            self._push_result(Secede(key, f"secede-{next(self._stimulus)}"))
+        self._push_result(Secede(key, f"secede-{next(self._stimulus)}"))
         if not self._closed.is_set():
             self._start_thread()
 
@@ -110,11 +104,6 @@ class TaskThreadMixin:
         key = _current.key
         if not _current.seceded or self._closed.is_set():
             return
-        early = getattr(_current, "early", None)
-        if early is not None:  # run early: counted only once claimed, and told it seceded
-            early.decided.wait()
-            if early.dropped:
-                return  # its result is dropped: nothing to count it against
         event = threading.Event()
         with self._threads_lock:
             self._rejoins[key] = event
@@ -137,14 +126,9 @@ class TaskThreadMixin:
                 for runner in coroutines:
                     runner.close()
                 return
-            last = len(batch) - 1
-            offer: Any = None
             for index in range(len(batch)):
                 _current.batch, _current.index = batch, index
-                seceded, offer = self._run_item(
-                    batch[index], resolve, coroutines, slot, output, index == last
-                )
-                if not seceded:
+                if not self._run_item(batch[index], resolve, coroutines, slot, output):
                     continue
                 # Seceded: another thread has taken this one's place (and the rest of
                 # the batch, handed on by secede()).
@@ -155,12 +139,6 @@ class TaskThreadMixin:
             # Nothing of a task (arguments, result) stays referenced here while the thread
             # waits for the next one: the worker may drop or spill it meanwhile.
             batch = _current.batch = None
-            while offer is not None:  # the next task, run early (shoal/server/run_next.py)
-                seceded, offer = self._run_early(offer, resolve, coroutines, slot, output)
-                if seceded:
-                    for runner in coroutines:
-                        runner.close()
-                    return
 
     def _run_item(
         self,
@@ -169,82 +147,10 @@ class TaskThreadMixin:
         coroutines: list[asyncio.Runner],
         slot: ThreadSlot,
         output: OutputCollector | None,
-        last: bool = False,
-    ) -> tuple[bool, Any]:
-        """Run one task of a batch: whether its thread has seceded (it then ends), and
-        for the ``last`` of a batch that succeeded, what the thread may run next."""
-        key, func_id, payload, mark = item
-        result = self._execute_item(key, func_id, payload, mark, resolve, coroutines, slot, output)
-        offer = None
-        if last and type(result) is ExecuteSuccess and not _current.seceded:
-            offer = self._next_offer(key, result.value)
-        self._push_result(result)
-        del result
-        return bool(_current.seceded), offer
-
-    def _next_offer(self, key: Any, value: Any) -> Any:
-        """The task offered to run after ``key`` (which gave ``value``) on this thread,
-        taken before ``key``'s result goes to the loop (which withdraws offers of ended
-        tasks); None when there is none, or the state machine has queued other work."""
-        offers = self._run_next
-        if offers is None or not self._queue.empty():
-            return None
-        offered = offers.take(key)
-        return None if offered is None else (key, value, *offered)
-
-    def _run_early(
-        self,
-        offer: tuple[Any, Any, Any, str, m.Payload],
-        resolve: Any,
-        coroutines: list[asyncio.Runner],
-        slot: ThreadSlot,
-        output: OutputCollector | None,
-    ) -> tuple[bool, Any]:
-        """Run the task offered after ``after`` before its Execute, with ``after``'s
-        value; keep or deliver its result (see run_next.py). As ``_run_item``."""
-        after, after_value, key, func_id, payload = offer
-        offers = self._run_next
-        assert offers is not None
-        run = offers.start(key)
-        if run is None:
-            return False, None
-        _current.early = run
-        try:
-            resolve_early = run.resolver(after, after_value, resolve)
-            result = self._execute_item(
-                key, func_id, payload, [False], resolve_early, coroutines, slot, output
-            )
-        finally:
-            _current.early = None
-        seceded = bool(_current.seceded)  # (then this thread ends with the task)
-        verdict = offers.finish(run, result)
-        if verdict == RERUN:  # claimed, but an input changed since: run it as usual
-            result = self._execute_item(
-                key, func_id, payload, [False], resolve, coroutines, slot, output
-            )
-            seceded = seceded or bool(_current.seceded)
-            verdict = DELIVER
-        offer_next = None
-        if verdict == DELIVER:
-            if type(result) is ExecuteSuccess and not seceded:
-                offer_next = self._next_offer(key, result.value)
-            self._push_result(result)
-        del result
-        return seceded, offer_next
-
-    def _execute_item(
-        self,
-        key: Any,
-        func_id: str,
-        payload: m.Payload,
-        mark: list[bool],
-        resolve: Any,
-        coroutines: list[asyncio.Runner],
-        slot: ThreadSlot,
-        output: OutputCollector | None,
-    ) -> ExecuteSuccess | ExecuteFailure:
-        """Run one task under its interrupt mark, its output collected: its result."""
+    ) -> bool:
+        """Run one task of a batch; True if its thread has seceded (it then ends)."""
         threads = self._task_threads
+        key, func_id, payload, mark = item
         _current.worker, _current.key, _current.seceded = self, key, False
         if output is not None:
             output.begin(key)
@@ -264,7 +170,9 @@ class TaskThreadMixin:
             _current.worker = _current.key = None
             if output is not None:
                 output.end(key)
-        return result
+        self._push_result(result)
+        del result
+        return bool(_current.seceded)
 
     def _run_one(
         self,

@@ -36,7 +36,6 @@ from shoal.core.scheduler.membership import DEFAULT_SCHEDULER_TIMEOUT
 from shoal.core.worker.release import DEFAULT_INTERRUPT_GRACE
 from shoal.core.worker.state import (
     Execute,
-    ExecuteFailure,
     ExecuteSuccess,
     GatherDep,
     Interrupt,
@@ -44,8 +43,6 @@ from shoal.core.worker.state import (
     Pause,
     RestartWorker,
     ResumeThread,
-    RunNext,
-    Secede,
     SendMessage,
     Unpause,
     UnserializableData,
@@ -68,7 +65,6 @@ from shoal.server.loop_tasks import loop_safe_function, runs_on_loop, tiny_tasks
 from shoal.server.memory import MONITOR_INTERVAL, MemoryFractions, MemoryMonitor, process_memory
 from shoal.server.output import OUTPUT_INTERVAL, OutputCollector
 from shoal.server.output import install as install_output_capture
-from shoal.server.run_next import RunNextOffers, run_next_enabled
 from shoal.server.scheduler import tune_gc
 from shoal.server.spill import SpillBuffer
 from shoal.server.task_thread import TaskThreadMixin
@@ -87,7 +83,6 @@ LEAVE_TIMEOUT = 30.0
 
 _SCHEDULER_EVENTS = (m.ComputeTask, m.FreeKeys, m.ReleaseCompute, m.CopyKeys, m.StealRequest)
 _TAKE_BACK = (m.FreeKeys, m.ReleaseCompute, m.ComputeTask)  # these drop a deferred ComputeTask
-_PENDING = ("waiting", "ready")  # a task run early keeps its result while its own is in these
 
 
 class Worker(TaskThreadMixin, WorkerTransferMixin):
@@ -203,10 +198,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         # the state machine once the instructions that started them are carried out.
         self.tiny_tasks_on_loop = tiny_tasks_on_loop_enabled()
         self.loop_task_count = 0  # tasks run on the loop so far
-        # Tasks run on the thread of their last input, right after it (run_next.py).
-        self._run_next: RunNextOffers | None = None
-        if run_next_enabled():
-            self._run_next = RunNextOffers(self._data)
         self._loop_results: list[Any] = []
         self._feeding_loop_results = False
 
@@ -509,11 +500,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
     def _handle(self, events: list[Any]) -> None:
         assert self.state is not None
         instructions = self.state.handle(*events)
-        run_next = self._run_next
-        if run_next is not None and run_next.offered:
-            for event in events:  # an ended execution's thread took its offer or never will
-                if type(event) is ExecuteSuccess or type(event) is ExecuteFailure:
-                    run_next.withdraw(event.key)
         send = self.scheduler.send if self.scheduler is not None else None
         starts: list[Any] = []  # keys to run, handed to the threads together
         for inst in instructions:
@@ -523,9 +509,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 continue
             if type(inst) is Execute:
                 starts.append(inst.key)
-                continue
-            if type(inst) is RunNext:  # (before the Execute of ``after`` is carried out)
-                self._offer_next(inst)
                 continue
             if starts:  # in order: an Interrupt must find a task queued before it
                 self._execute(starts)
@@ -545,10 +528,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 raise TypeError(f"unknown instruction {inst!r}")
         if starts:
             self._execute(starts)
-        run_next = self._run_next
-        if run_next is not None and run_next.pending:
-            tasks = self.state.tasks
-            run_next.purge(lambda key: (ts := tasks.get(key)) is not None and ts.state in _PENDING)
         if self._deferred:
             self._resume_deferred()
         if self.plugins.watching:
@@ -598,9 +577,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 self._push_result(event)
             return
         queued = self._task_threads.queued
-        run_next = self._run_next
-        if run_next is not None and run_next.pending:
-            keys = [key for key in keys if not self._claim_early(run_next, key)]
         # Only a loaded function of LOOP_SAFE_FUNCTIONS may run on the loop: for any
         # other (nearly every task) one dict lookup, no call, decides.
         loaded = self._loaded_functions if self.tiny_tasks_on_loop else None
@@ -623,40 +599,6 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         else:
             for item in items:
                 self._queue.put([item])
-
-    def _offer_next(self, inst: RunNext) -> None:
-        """The thread running ``inst.after`` may run ``inst.key`` next (run_next.py)."""
-        assert self.state is not None
-        tasks = self.state.tasks
-        ts, after = tasks.get(inst.key), tasks.get(inst.after)
-        # Checked now, after the whole batch of events: the offer is stale if ``after``
-        # has ended in it (its result then comes through no thread that could take it).
-        if (
-            self._run_next is not None
-            and not self.zero
-            and ts is not None
-            and ts.state == "waiting"
-            and ts.run_spec
-            and after is not None
-            and after.state == "executing"
-        ):
-            self._run_next.offer(inst.after, inst.key, ts.run_spec)
-
-    def _claim_early(self, run_next: RunNextOffers, key: Any) -> bool:
-        """Whether ``key``'s Execute is answered by its early run (run_next.py): its
-        result now, or from its thread when it ends."""
-        claimed, result, seceded = run_next.claim(key)
-        if not claimed:
-            return False
-        if result is not None:  # fed in after these instructions, as a loop task's
-            self._loop_results.append(result)
-        if seceded:  # it left its thread's count before anyone counted it
-            self._loop_results.append(Secede(key, f"secede-{next(self._stimulus)}"))
-        return True
-
-    def _data(self) -> Any:
-        assert self.state is not None
-        return self.state.data
 
     def _run_on_loop(self, key: Any, ts: Any, run_spec: tuple[str, m.Payload]) -> bool:
         """Run ``key`` here and now if it is tiny (shoal/server/loop_tasks.py); False:

@@ -12,28 +12,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.core.worker.state import Execute, Pause, RunNext, SendMessage, Unpause
+from shoal.core.worker.state import Execute, Pause, SendMessage, Unpause
 from shoal.protocol.messages import (
     ComputeReleased,
-    ComputeTask,
     FreeKeys,
     MissingData,
     ReleaseCompute,
     TaskErred,
     TaskFinished,
 )
-from tests.core.test_worker_state import (
-    ARGS,
-    compute,
-    dep,
-    fail,
-    finished,
-    gathered,
-    make,
-    ok,
-    run,
-    states,
-)
+from tests.core.test_worker_state import compute, dep, fail, finished, make, ok, run, states
 
 
 def ahead(key: str, *deps: str, sid: str = "") -> Any:
@@ -44,8 +32,7 @@ def ahead(key: str, *deps: str, sid: str = "") -> Any:
 def test_it_waits_for_a_running_dependency_and_starts_when_it_finishes():
     ws = make()
     ws.handle(compute("a"))
-    # nothing fetched, nothing missing: only the offer to run it after a, on a's thread
-    assert ws.handle(ahead("b", "a")) == [RunNext("a", "b", "ahead-b")]
+    assert ws.handle(ahead("b", "a")) == []  # nothing fetched, nothing missing
     assert states(ws) == {"a": "executing", "b": "waiting"}
     assert ws.handle(ok("a", sid="da")) == [finished("a", "da"), Execute("b", "da")]
 
@@ -54,12 +41,8 @@ def test_it_waits_behind_a_dependency_not_started_yet():
     ws = make()
     run(ws, compute("x"), compute("a", prio=(1,)))
     assert states(ws) == {"x": "executing", "a": "ready"}
-    assert ws.handle(ahead("b", "a")) == []  # a does not run yet: no thread to go on
-    assert ws.handle(ok("x", sid="dx")) == [
-        finished("x", "dx"),
-        Execute("a", "dx"),
-        RunNext("a", "b", "dx"),  # once a runs, b may follow it on its thread
-    ]
+    assert ws.handle(ahead("b", "a")) == []
+    assert ws.handle(ok("x", sid="dx")) == [finished("x", "dx"), Execute("a", "dx")]
     assert ws.handle(ok("a", sid="da")) == [finished("a", "da"), Execute("b", "da")]
 
 
@@ -174,35 +157,3 @@ def test_random_interleavings_never_run_it_on_a_failed_or_absent_dependency(
             msg = inst.msg if isinstance(inst, SendMessage) else None
             if isinstance(msg, TaskFinished) and msg.key == "b":
                 assert a_done, "a result for b though a never finished"
-
-
-# --- running right after its last input (RunNext, shoal/server/run_next.py) ------------------
-
-
-def test_it_is_offered_to_follow_its_last_input_once_the_others_have_arrived():
-    ws = make()
-    ws.handle(compute("a"))
-    out = ws.handle(compute("b", dep("a"), dep("x", "tcp://peer:1"), sid="cb"))
-    assert not any(isinstance(i, RunNext) for i in out)  # x is still to come
-    out = ws.handle(gathered("tcp://peer:1", sid="gx", x=1))
-    assert [i for i in out if isinstance(i, RunNext)] == [RunNext("a", "b", "gx")]
-    assert states(ws)["b"] == "waiting"  # the offer changes nothing here
-    assert ws.handle(ok("a", sid="da")) == [finished("a", "da"), Execute("b", "da")]
-
-
-def test_a_task_that_needs_resources_is_not_offered():
-    ws = make(resources={"gpu": 1})
-    ws.handle(compute("a"))
-    needs = ComputeTask(
-        "b", "func", ARGS, (0,), [dep("a")], stimulus_id="cb", resources={"gpu": 1}
-    )
-    assert ws.handle(needs) == []  # it holds resources from its Execute on
-
-
-def test_of_two_waiting_for_the_same_task_the_better_is_offered_first():
-    ws = make()
-    run(ws, compute("x"), compute("a", prio=(5,)))
-    run(ws, compute("late", dep("a"), prio=(9,)), compute("early", dep("a"), prio=(1,)))
-    out = ws.handle(ok("x", sid="dx"))
-    offers = [i for i in out if isinstance(i, RunNext)]
-    assert offers == [RunNext("a", "early", "dx"), RunNext("a", "late", "dx")]

@@ -23,7 +23,6 @@ from shoal.core.worker.state import (
     Instruction,
     Rejoin,
     ResumeThread,
-    RunNext,
     Secede,
     SendMessage,
     UpdateDataEvent,
@@ -174,8 +173,8 @@ def test_erred_task_is_computed_again_or_fetched_when_asked():
 def test_local_dependencies_in_memory_or_still_running():
     ws = make(nthreads=1)
     ws.handle(compute("a"))
-    # "a" is executing here: "b" waits for it, nothing is fetched; it may run after "a"
-    assert ws.handle(compute("b", dep("a", ME), sid="cb")) == [RunNext("a", "b", "cb")]
+    # "a" is executing here: "b" waits for it, nothing is fetched
+    assert ws.handle(compute("b", dep("a", ME), sid="cb")) == []
     assert states(ws) == {"a": "executing", "b": "waiting"}
     assert ws.handle(ok("a", sid="da")) == [finished("a", "da"), Execute("b", "da")]
     # "a" is in memory: "c" is ready at once
@@ -441,7 +440,7 @@ def test_compute_for_key_in_flight_computes_it_if_the_transfer_fails():
     ws.handle(compute("b", dep("x", "w1")))
     assert ws.handle(compute("x", sid="cx")) == []
     out = ws.handle(gathered("w1", sid="g", missing=("x",)))
-    assert out == [Execute("x", "g"), RunNext("x", "b", "g")]
+    assert out == [Execute("x", "g")]
     assert ws.handle(ok("x", sid="dx")) == [finished("x", "dx"), Execute("b", "dx")]
     # and if it succeeds, the scheduler hears of it as a finished task
     run(ws, compute("c", dep("y", "w1")), compute("y"))
@@ -608,15 +607,6 @@ def drive(ws: WorkerState, batch: list[Any], pending: dict[str, Any]) -> None:
             assert inst.worker not in pending["gather"], f"two transfers from {inst.worker}"
             assert inst.keys and inst.worker != ME
             pending["gather"][inst.worker] = inst.keys
-        elif isinstance(inst, RunNext):
-            # offered only while its last dependency runs, for a task waiting for it alone
-            # (in a longer batch, that dependency's result may follow the offer)
-            if single:
-                assert inst.after in pending["execute"], f"{inst.key} offered after an idle task"
-                assert ws.tasks[inst.after].state == "executing"
-                ts = ws.tasks[inst.key]
-                assert ts.state == "waiting" and ts.resources is None
-                assert [d.key for d in ts.waiting_for_data] == [inst.after]
         elif isinstance(inst, ResumeThread):
             # a thread, not a place in the queue of tasks run ahead, must be free for it
             assert len(pending["execute"]) < ws.nthreads, f"{inst.key} resumed, threads busy"

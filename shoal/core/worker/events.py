@@ -130,19 +130,6 @@ class Execute(Instruction):
     stimulus_id: str
 
 
-class RunNext(Instruction):
-    """The task ``key`` waits only for ``after``, which a thread is running: that thread
-    may run ``key`` right after it, before ``key``'s own Execute comes. The server keeps
-    such an early result until that Execute, and delivers it only if the values it was
-    computed from are still the ones in memory (``shoal/server/run_next.py``); the state
-    machine sees nothing of it. An offer may be repeated, and may go stale: it binds
-    nothing."""
-
-    after: Key
-    key: Key
-    stimulus_id: str
-
-
 class GatherDep(Instruction):
     worker: str
     keys: list[Key]

@@ -67,7 +67,6 @@ from shoal.core.worker.events import (  # noqa: F401  (re-exported: the events a
     Rejoin,
     RestartWorker,
     ResumeThread,
-    RunNext,
     Secede,
     SendMessage,
     TransferError,
@@ -321,18 +320,12 @@ class WorkerState(Fetching, Releases):
     def _transition_released_memory(self, ts: WTask, sid: str) -> None:
         """Every ``* -> memory`` ends here; the caller has put the value in ``data``."""
         self._done(ts, "memory")
-        alone: list[WTask] = []  # dependents left waiting for one running task
         for dependent in ts.dependents:
             waiting = dependent.waiting_for_data
             if ts in waiting:
                 waiting.discard(ts)
-                if dependent.state == "waiting":
-                    if not waiting:
-                        self._transition(dependent, "ready", sid)
-                    elif len(waiting) == 1:
-                        alone.append(dependent)
-        if alone:
-            self._offer_next(alone, sid)
+                if not waiting and dependent.state == "waiting":
+                    self._transition(dependent, "ready", sid)
 
     def _transition_released_forgotten(self, ts: WTask, sid: str) -> None:
         ts.state = "forgotten"
@@ -352,24 +345,6 @@ class WorkerState(Fetching, Releases):
             for resource, need in ts.resources.items():
                 available[resource] -= need
         self._out.append(Execute(ts.key, sid))
-        if ts.dependents:
-            self._offer_next(
-                [d for d in ts.dependents if d.state == "waiting" and len(d.waiting_for_data) == 1],
-                sid,
-            )
-
-    def _offer_next(self, waiting: list[WTask], sid: str) -> None:
-        """Each of ``waiting`` waits for one dependency: if a thread is running it, offer
-        the task to run right after it on that thread (:class:`RunNext`), which saves
-        the hand-off through the event loop between the two. Best first (the server
-        keeps the first offer after a task); not for a task that needs resources (they
-        are held from Execute on)."""
-        if len(waiting) > 1:
-            waiting.sort(key=_priority)
-        for ts in waiting:
-            (dep,) = ts.waiting_for_data
-            if dep.state == "executing" and ts.resources is None and ts.run_spec is not None:
-                self._out.append(RunNext(dep.key, ts.key, sid))
 
     def _transition_ready_released(self, ts: WTask, sid: str) -> None:
         self._n_ready -= 1
@@ -546,8 +521,6 @@ class WorkerState(Fetching, Releases):
         if deps:
             self._link(ts, deps, sid)
         self._transition(ts, "waiting" if ts.waiting_for_data else "ready", sid)
-        if len(ts.waiting_for_data) == 1:
-            self._offer_next([ts], sid)
 
     def _missing_deps(self, key: Key, deps: list[DepInfo]) -> list[Key]:
         """Dependencies neither here nor on any peer we are told of."""
@@ -774,10 +747,6 @@ class WorkerState(Fetching, Releases):
         from shoal.core.worker.validation import validate_worker_state  # imports this module
 
         validate_worker_state(self)
-
-
-def _priority(ts: WTask) -> tuple[int, ...]:
-    return ts.priority
 
 
 def _live_top(

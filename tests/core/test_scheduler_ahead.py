@@ -66,6 +66,32 @@ def test_only_one_level_ahead():
     assert sim.run_all() == ["b", "c"]
 
 
+def test_a_dependent_submitted_while_its_dependency_computes_goes_ahead_at_once():
+    """``x = submit(f); y = submit(g, x)``: y comes in a later submission, while x
+    runs; it goes ahead then, not a round trip after x finishes."""
+    sim = Sim(workers={W1: 1}, ahead=True)
+    sim.submit({"x": []}, wanted=["x"])
+    assert [c.key for c in computes(sim.to_worker(W1))] == ["x"]
+    sim.submit({"y": ["x"]}, wanted=["y"])
+    sent = computes(sim.to_worker(W1))
+    assert [c.key for c in sent] == ["y"] and sent[0].deps == [DepInfo("x", 0, [])]
+    assert sim.ws(W1).ahead == {sim.ts("y")}
+    sim.finish("x")
+    assert sim.to_worker(W1) == []  # y is there already
+    assert sim.run_all() == ["y"]
+
+
+def test_a_dependent_submitted_while_its_dependency_is_queued_waits_for_it():
+    sim = Sim(workers={W1: 1}, ahead=True)
+    roots = {f"r{i}": [] for i in range(10)}
+    sim.submit(roots, wanted=list(roots))
+    assert sim.state("r9") == "queued"
+    sim.to_worker(W1)
+    sim.submit({"y": ["r9"]}, wanted=["y"])
+    assert computes(sim.to_worker(W1)) == [] and sim.state("y") == "waiting"
+    assert sim.s.placed_ahead == 0
+
+
 def test_a_dependent_of_tasks_on_two_workers_is_not_sent_ahead():
     sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
     sim.submit({"a": [], "b": [], "c": ["a", "b"]}, wanted=["c"])

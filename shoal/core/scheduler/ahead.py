@@ -12,6 +12,11 @@ going ahead: W fetches them while the rest compute (a reduction's aggregate, its
 inputs on two workers, then starts as its last local input is done, not a round trip
 and a fetch later).
 
+A task is considered for going ahead at the end of the event in which a dependency
+started processing for real, one came into memory, or the task itself arrived while
+everything it waits on was processing already (``y = submit(g, x)`` while ``x`` runs:
+a submission apart from its dependency's, as Dask users write them).
+
 An ahead task is in state ``processing`` on W with a non-empty ``waiting_on`` (the
 dependencies still processing on W), and is in ``W.ahead``. It holds no thread: it does
 not count against W's slots (``_is_free``), is never stolen, and releasing it owes no

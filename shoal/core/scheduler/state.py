@@ -443,6 +443,7 @@ class SchedulerState(
                 return {ts: "erred"}
         recs: Recs = {}
         waiting_on = []
+        computing = True  # every dependency it waits on is processing already
         for dts in ts.dependencies:
             waiters = added(dts.waiters, ts)
             if type(waiters) is tuple and waiters == dts.dependents:
@@ -454,6 +455,8 @@ class SchedulerState(
             waiting_on.append(dts)
             if state == "released":
                 recs[dts] = "waiting"
+            if state != "processing":
+                computing = False
         if waiting_on:  # distinct, as dependencies are
             if len(waiting_on) > SMALL:
                 ts.waiting_on = set(waiting_on)
@@ -461,6 +464,11 @@ class SchedulerState(
                 ts.waiting_on = ts.dependencies  # one tuple for both (tuples never change)
             else:
                 ts.waiting_on = tuple(waiting_on)
+            if computing and self.ahead_per_thread:
+                # Submitted while what it needs computes (``y = submit(g, x)`` right
+                # after ``x = submit(f)``): it may go ahead now, as a dependent submitted
+                # with them would have, not a round trip after they finish.
+                self._ahead_from.append(ts)
         else:
             recs[ts] = self._ready_state(ts)
         return recs

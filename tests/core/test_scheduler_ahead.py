@@ -81,6 +81,18 @@ def test_a_dependent_submitted_while_its_dependency_computes_goes_ahead_at_once(
     assert sim.run_all() == ["y"]
 
 
+def test_a_dependent_submitted_while_its_dependencies_compute_on_two_workers_waits():
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit({"x": [], "z": []}, wanted=["x", "z"])
+    assert {sim.worker_of("x"), sim.worker_of("z")} == {W1, W2}
+    sim.to_worker(W1), sim.to_worker(W2)
+    sim.submit({"y": ["x", "z"]}, wanted=["y"])
+    assert computes(sim.to_worker(W1)) == computes(sim.to_worker(W2)) == []
+    assert sim.state("y") == "waiting" and sim.s.placed_ahead == 0
+    sim.finish("x")  # what is left computes on one worker, with x to fetch: ahead now
+    assert [c.key for c in computes(sim.to_worker(sim.worker_of("z")))] == ["y"]
+
+
 def test_a_dependent_submitted_while_its_dependency_is_queued_waits_for_it():
     sim = Sim(workers={W1: 1}, ahead=True)
     roots = {f"r{i}": [] for i in range(10)}

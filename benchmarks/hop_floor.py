@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import platform
 import socket
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         ts = sorted(times[name])
         med = statistics.median(ts)
-        p90 = ts[int(0.9 * (len(ts) - 1))]
+        p90 = ts[math.ceil(0.9 * len(ts)) - 1]  # nearest rank, as interactive.py's
         print(f"| {name} | {med * 1e3:.3f} | {p90 * 1e3:.3f} | {med / sync:.2f} |")
     return 0
 

@@ -38,11 +38,8 @@ _PLAIN = frozenset({int, str, bytes, bool, type(None)})
 _MAX_DEPTH = 8
 
 
-class NoKey(Exception):
-    """Raised inside a key's walk: the object has no structural key."""
-
-
-_NoKey = NoKey
+class _NoKey(Exception):
+    pass
 
 
 def structural_key(obj: Any, pinned: list[Any]) -> Hashable | None:
@@ -58,13 +55,6 @@ def structural_key(obj: Any, pinned: list[Any]) -> Hashable | None:
     except _NoKey:
         del pinned[mark:]
         return None
-
-
-def value_key(obj: Any, pinned: list[Any], seen: set[int], depth: int) -> Hashable:
-    """The key of one value met in a walk (a function, a plain value, a tuple of them),
-    or :class:`NoKey`; for walks of larger structures (task_keys.py) that hand it what
-    they do not know themselves. ``seen``: the ids of lists met so far."""
-    return _part(obj, pinned, seen, depth)
 
 
 def _part(obj: Any, pinned: list[Any], seen: set[int], depth: int) -> Hashable:

@@ -84,7 +84,7 @@ def submit_graph(
     # A layer's template pays off from its second task on: a graph this small has no
     # layers to share one, and making and consulting the cache per compute would cost
     # more than its tasks' encoding.
-    encoder.start_graph(layer_templates, templates=len(dsk) > SMALL_GRAPH_TASKS, tasks=len(dsk))
+    encoder.start_graph(layer_templates, templates=len(dsk) > SMALL_GRAPH_TASKS)
     # (a graph too small to order needs no bound: no config lookup per small compute)
     ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None, index)
     del index  # (its lists of positions go before the encoding)

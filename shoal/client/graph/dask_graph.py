@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from shoal.client.graph import task_keys
 from shoal.protocol import messages as m
 from shoal.protocol.calls import Build, Call, identity, rebuild_task, run_nested
 from shoal.protocol.messages import Key, check_key
@@ -252,22 +251,13 @@ class GraphEncoder:
         self._reducers: dict[type, Any] = {Task: _reduce_task}
         self._templates: Any = None  # a graph's LayerTemplates (start_graph)
         self._layers: Any = None  # a graph's LayerEncoder (start_graph)
-        # Tasks pickled whole, by structural key, from one compute to the next; consulted
-        # for graphs no larger than it (a large graph's walks would not pay).
-        self.pickled = task_keys.PickledTasks()
-        self._remember = True
 
-    def start_graph(
-        self, layers: dict[str, Any] | None = None, templates: bool = True, tasks: int = 1
-    ) -> None:
+    def start_graph(self, layers: dict[str, Any] | None = None, templates: bool = True) -> None:
         """Encode the next tasks with a fresh template cache: one per graph, as its
         objects may have changed since the last graph (see templates.py). ``layers``:
         the templates of the graph's expanded layers (``layer_encode``), by name.
         Without ``templates`` (a graph too small to have layers), each task is encoded
-        alone. ``tasks``: the graph's size; the tasks of a graph of at most
-        ``task_keys.MAX_ENTRIES`` tasks that are pickled whole are remembered by
-        structural key (task_keys.py)."""
-        self._remember = tasks <= task_keys.MAX_ENTRIES
+        alone."""
         self._layers = None
         if not templates:
             self._templates = None
@@ -314,27 +304,10 @@ class GraphEncoder:
         if encoded is None:
             encoded = plain_task_args(args, kwargs, self.ref_types)
         if encoded is None:
-            encoded = self._pickled(node, args, kwargs)
+            encoded = pickled_task_args(
+                args, kwargs, self.ref_types, self.functions, self._reducers
+            )
         return self._spec(key, fid, encoded, priority, retries, restrictions)
-
-    def _pickled(self, node: Any, args: tuple, kwargs: dict) -> TaskArgs:
-        """The task's arguments pickled, or as they were pickled for a task with the same
-        structural key in this or an earlier graph (task_keys.py)."""
-        if not self._remember or type(node.key) is not tuple:
-            # (a key that is a plain name is mostly a graph's own finalize step, named
-            # anew for every compute: looking at it would never pay)
-            return pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
-        pinned: list[Any] = []
-        cache = self.pickled
-        structure = cache.key(node, pinned)
-        if structure is not None:
-            hit = cache.get(structure)
-            if hit is not None:
-                return hit
-        encoded = pickled_task_args(args, kwargs, self.ref_types, self.functions, self._reducers)
-        if structure is not None:
-            cache.put(structure, pinned, encoded)
-        return encoded
 
     def _spec(
         self,

@@ -143,6 +143,91 @@ def test_much_data_elsewhere_keeps_a_task_from_going_ahead():
     assert sim.state("c") == "processing" and not sim.ts("c").waiting_on  # placed as usual
 
 
+PART = 20_000_000  # bytes: a dataframe partition, 0.2 s at the assumed bandwidth
+
+
+def partitions(on: dict[str, str], done: list[str], *, queued: int = 0) -> Sim:
+    """``part-*`` pinned to their workers (``on``), ``concat`` of them all, the parts in
+    ``done`` finished with ``PART`` bytes each; ``queued`` more tasks pinned behind the
+    last part's worker. Every duration is 10 ms: the queues are short."""
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    pinned = {key: TaskRestrictions([w]) for key, w in on.items()}
+    sim.submit(
+        {**{key: [] for key in on}, "concat": list(on)},
+        wanted=["concat"],
+        restrictions=pinned,
+        durations=dict.fromkeys([*on, "concat"], 0.01),
+        group=dict.fromkeys(on, "part"),  # one layer, as a dataframe's partitions
+    )
+    if queued:
+        last = on[max(on)]
+        sim.submit(
+            {f"q-{i}": [] for i in range(queued)},
+            restrictions={f"q-{i}": TaskRestrictions([last]) for i in range(queued)},
+            durations={f"q-{i}": 0.01 for i in range(queued)},
+        )
+    for key in done:
+        sim.finish(key, nbytes=PART, duration=0.01)
+    return sim
+
+
+def test_a_concatenation_goes_ahead_where_it_moves_no_more_than_it_would_elsewhere():
+    """``df.merge(small).compute()``'s last step: four partitions, two on each worker,
+    three done. Once the fourth is done, W1 would need 40 MB moved (the part W2 has, and
+    the fourth, estimated at its group's mean), as many as W2 needs now: it goes ahead
+    to W2, which fetches while it computes the fourth, instead of after a round trip."""
+    on = {"part-0": W1, "part-1": W1, "part-2": W2, "part-3": W2}
+    sim = partitions(on, ["part-0", "part-1", "part-2"])
+    assert sim.state("part-3") == "processing" and sim.worker_of("part-3") == W2
+    assert sim.state("concat") == "processing" and sim.worker_of("concat") == W2
+    assert sim.ws(W2).ahead == {sim.ts("concat")}
+    (sent,) = [c for c in computes(sim.to_worker(W2)) if c.key == "concat"]
+    assert sorted(sent.deps, key=lambda d: d.key) == [
+        DepInfo("part-0", PART, [W1]),  # fetched while part-3 computes
+        DepInfo("part-1", PART, [W1]),
+        DepInfo("part-2", PART, [W2]),
+        DepInfo("part-3", 0, []),  # computing here
+    ]
+    sim.finish("part-3", nbytes=PART)
+    assert sim.ws(W2).ahead == set() and not sim.ts("concat").waiting_on
+    sim.finish("concat")
+    assert sim.state("concat") == "memory"
+
+
+def test_a_task_waits_when_another_worker_would_move_less_once_ready():
+    """Three partitions done on W1, the fourth computing on W2: W2 would fetch 60 MB,
+    W1 only the fourth (20 MB, estimated): placed as usual once ready."""
+    on = {"part-0": W1, "part-1": W1, "part-2": W1, "part-3": W2}
+    sim = partitions(on, ["part-0", "part-1", "part-2"])
+    assert sim.state("part-3") == "processing" and sim.state("concat") == "waiting"
+    assert sim.s.placed_ahead == 0
+    sim.finish("part-3", nbytes=PART)
+    assert sim.state("concat") == "processing" and sim.worker_of("concat") == W1
+
+
+def test_an_unknown_size_counts_as_nothing_so_much_data_elsewhere_waits():
+    """Nothing of the computing input's group is in memory: its size is taken as 0, so
+    W1 (which holds the 20 MB done) would need nothing moved: no going ahead to W2."""
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit(
+        {"a": [], "b": [], "c": ["a", "b"]},
+        wanted=["c"],
+        restrictions={"a": TaskRestrictions([W1]), "b": TaskRestrictions([W2])},
+        durations=dict.fromkeys("abc", 0.01),
+    )
+    sim.finish("a", nbytes=PART, duration=0.01)
+    assert sim.state("c") == "waiting" and sim.s.placed_ahead == 0
+
+
+def test_much_data_does_not_go_ahead_to_a_worker_with_a_queue():
+    """The same four partitions, but W2 has more queued behind the fourth: what it
+    would fetch would sit there unused meanwhile, so the concatenation waits."""
+    on = {"part-0": W1, "part-1": W1, "part-2": W2, "part-3": W2}
+    sim = partitions(on, ["part-0", "part-1", "part-2"], queued=3)
+    assert not sim.s._is_free(sim.ws(W2))
+    assert sim.state("concat") == "waiting" and sim.s.placed_ahead == 0
+
+
 def test_nothing_goes_ahead_to_a_worker_with_a_queue_when_an_input_is_done():
     """A graph that keeps the workers busy gains nothing from it: a task waiting on a
     worker with a queue stays waiting when another of its inputs comes into memory."""

@@ -82,6 +82,10 @@ class Scenario:
     # Seconds each task takes: tiny ones (0.1 ms) make placement keep siblings together
     # (core/scheduler/packing.py) once their prefix is measured.
     duration: float = 1.0
+    # Bytes per character of a result's key: a million makes results too large to move
+    # within the transfer latency, so that going ahead is decided on what would move
+    # elsewhere instead (core/scheduler/ahead.py).
+    scale: int = 1
 
 
 @st.composite
@@ -98,7 +102,8 @@ def scenarios(draw, kinds: tuple[str, ...] = STEPS) -> Scenario:
     choices = st.sampled_from([0, 0, 0, *range(1, len(RESTRICTIONS))])
     restrict = draw(st.lists(choices, min_size=n, max_size=n))
     duration = draw(st.sampled_from([1.0, 0.0001]))
-    return Scenario(deps, retries, workers, wanted, steps, restrict, duration)
+    scale = draw(st.sampled_from([1, 1_000_000]))
+    return Scenario(deps, retries, workers, wanted, steps, restrict, duration, scale)
 
 
 def key(i: int) -> str:
@@ -261,7 +266,7 @@ class Run:
         # a result only from dependencies that exist: never from a failed or lost one
         held = set().union(*(model.data for model in self.models.values()))
         assert set(self.dag.get(k, ())) <= held, (k, self.dag[k])
-        self.sim.finish(k, nbytes=len(k), duration=self.sc.duration)
+        self.sim.finish(k, nbytes=len(k) * self.sc.scale, duration=self.sc.duration)
         self.models[address].running.discard(k)
         self.models[address].data.add(k)
         self.last_failed.discard(k)

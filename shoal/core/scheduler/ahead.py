@@ -10,7 +10,9 @@ moment they finish, with no message in between. Dependencies already in memory o
 other workers, up to what moves within the transfer latency, do not keep a task from
 going ahead: W fetches them while the rest compute (a reduction's aggregate, its
 inputs on two workers, then starts as its last local input is done, not a round trip
-and a fetch later).
+and a fetch later). Nor do more of them, while W's queue is short, if no other worker
+would need less moved once the rest is done (a concatenation of partitions, half of
+them on each worker).
 
 A task is considered for going ahead at the end of the event in which a dependency
 started processing for real, one came into memory, or the task itself arrived while
@@ -175,7 +177,10 @@ class PlaceAhead:
         (:meth:`_ahead_fetch_bytes`): ``ws`` fetches them while the others compute,
         where placing ``ts`` once ready would have fetched them after (the aggregate of
         a reduction over two workers: ``x.T @ x``, ``df.b.sum()``). More data elsewhere
-        and ``ts`` is placed as usual, once ready: another worker may then be better.
+        goes ahead too if ``ws``'s queue is short and no other worker would need less
+        moved once the rest is done (:meth:`_least_fetch_elsewhere`: the concatenation
+        of a dataframe's partitions, half of them on each worker). Otherwise ``ts`` is
+        placed as usual, once ready: another worker may then be better.
         ``ts`` itself is unrestricted and recomputable, and not a task the scheduler
         coordinates (a shuffle's, an actor)."""
         if ts.restrictions is not None or ts.payload is None or not ts.waiting_on:
@@ -184,13 +189,11 @@ class PlaceAhead:
             return False
         steals = self.steals
         waiting_on = ts.waiting_on
-        fetch = self._ahead_fetch_bytes()  # what may come from other workers
+        remote = 0  # what ws would fetch from other workers
         for dts in ts.dependencies:
             if dts not in waiting_on:  # in memory: here, or fetched while the rest compute
                 if ws not in dts.who_has:
-                    fetch -= dts.nbytes
-                    if fetch < 0:
-                        return False
+                    remote += dts.nbytes
             elif (
                 dts.processing_on is not ws
                 or dts.state != "processing"
@@ -198,7 +201,34 @@ class PlaceAhead:
                 or dts in steals
             ):
                 return False
-        return True
+        if remote <= self._ahead_fetch_bytes():
+            return True
+        # More than moves in a moment: still ahead if no other worker would be sent
+        # less once the rest is done, and ws's queue is short (what it fetches is used
+        # soon). ws then fetches while it computes what it had to anyway.
+        return self._is_free(ws) and remote <= self._least_fetch_elsewhere(ts, ws)
+
+    def _least_fetch_elsewhere(self, ts: TaskState, ws: WorkerRecord) -> float:
+        """The fewest bytes ``ts`` would need moved to a worker other than ``ws`` once
+        its dependencies computing on ``ws`` are done: its dependencies in memory that
+        worker does not hold, and those computing, each estimated at its group's mean
+        result size (0 while none of the group is in memory)."""
+        waiting_on = ts.waiting_on
+        total = 0
+        held: dict[WorkerRecord, int] = {}
+        for dts in ts.dependencies:
+            if dts in waiting_on:
+                group = dts.group
+                in_memory = group.states["memory"]
+                if in_memory:
+                    total += group.nbytes // in_memory
+                continue
+            nbytes = dts.nbytes
+            total += nbytes
+            for holder in dts.who_has:
+                if holder is not ws:
+                    held[holder] = held.get(holder, 0) + nbytes
+        return total - max(held.values(), default=0)
 
     def _ahead_fetch_bytes(self) -> float:
         """The most data a task sent ahead may need from other workers: what moves

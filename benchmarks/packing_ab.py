@@ -1,7 +1,8 @@
-"""Sibling packing on and off in one cluster, compute by compute (core/scheduler/packing.py).
+"""Sibling packing on and off in one cluster, compute by compute (core/scheduler/packing.py),
+or another placement rule with ``--rule``.
 
     python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
-        [--latency 0.002]
+        [--latency 0.002] [--rule packing|ahead-data]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
@@ -11,6 +12,11 @@ switch is set through ``run_on_scheduler`` between computes, untimed. On a share
 noisy machine this compares the rule alone under the same load, where runs of
 ``interactive.py`` against another checkout are minutes apart. Prints medians and the
 shoal/sync ratios.
+
+``--rule ahead-data`` switches instead whether a task goes ahead with more data in
+memory elsewhere than moves within the transfer latency, when no other worker would
+need less moved (core/scheduler/ahead.py, ``ahead_beyond_latency``): "on" with it,
+"off" without.
 """
 
 from __future__ import annotations
@@ -40,12 +46,17 @@ def set_latency(latency: float, dask_scheduler: Any = None) -> None:
     dask_scheduler.state.transfer_latency = latency
 
 
+def set_ahead_data(on: bool, dask_scheduler: Any = None) -> None:
+    dask_scheduler.state.ahead_beyond_latency = on
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--only", default=DEFAULT_CELLS)
     p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
     p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
+    p.add_argument("--rule", choices=("packing", "ahead-data"), default="packing")
     args = p.parse_args(argv)
     if not args.latency > 0:
         p.error(f"--latency must be positive, got {args.latency}")
@@ -57,24 +68,29 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
     shrink = 10 if args.quick else 1
     data = make_data(ROWS // shrink, FRAME100_ROWS // shrink)
-    ways = ("sync", "packed", "spread")
+    on, off = ("packed", "spread") if args.rule == "packing" else ("on", "off")
+    ways = ("sync", on, off)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
 
         def compute(way: str, collection: Any) -> float:
             if way == "sync":
                 config: dict[str, Any] = dict(SYNC_CONFIG)
             else:
-                latency = args.latency if way == "packed" else 0.0
-                client.run_on_scheduler(set_latency, latency)
+                if args.rule == "packing":
+                    client.run_on_scheduler(set_latency, args.latency if way == on else 0.0)
+                else:
+                    client.run_on_scheduler(set_ahead_data, way == on)
                 config = {"scheduler": client.get}
             with dask.config.set(config):
                 t0 = time.perf_counter()
                 collection.compute()
                 return time.perf_counter() - t0
 
-        print(f"load average {os.getloadavg()}; packed: latency {args.latency:g} s", flush=True)
-        print("| cell | sync ms | packed ms | spread ms | packed/sync | spread/sync |")
-        print("|---|---|---|---|---|---|")
+        print(f"load average {os.getloadavg()}; rule {args.rule}", flush=True)
+        if args.rule == "packing":
+            print(f"packed: latency {args.latency:g} s", flush=True)
+        print(f"| cell | sync ms | {on} ms | {off} ms | {on}/sync | {off}/sync | {on}/{off} |")
+        print("|---|---|---|---|---|---|---|")
         for name in args.only.split(","):
             collection = CELLS[name].build(data)
             for way in ways:  # warm-up: imports, and each prefix's duration measured
@@ -86,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     times[way].append(compute(way, collection))
             ms = {w: statistics.median(t) * 1000 for w, t in times.items()}
             print(
-                f"| {name} | {ms['sync']:.2f} | {ms['packed']:.2f} | {ms['spread']:.2f} | "
-                f"{ms['packed'] / ms['sync']:.2f} | {ms['spread'] / ms['sync']:.2f} |",
+                f"| {name} | {ms['sync']:.2f} | {ms[on]:.2f} | {ms[off]:.2f} | "
+                f"{ms[on] / ms['sync']:.2f} | {ms[off] / ms['sync']:.2f} | "
+                f"{ms[on] / ms[off]:.3f} |",
                 flush=True,
             )
         print(f"load average {os.getloadavg()}")

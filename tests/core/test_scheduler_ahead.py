@@ -146,11 +146,14 @@ def test_much_data_elsewhere_keeps_a_task_from_going_ahead():
 PART = 20_000_000  # bytes: a dataframe partition, 0.2 s at the assumed bandwidth
 
 
-def partitions(on: dict[str, str], done: list[str], *, queued: int = 0) -> Sim:
+def partitions(
+    on: dict[str, str], done: list[str], *, queued: int = 0, beyond_latency: bool = True
+) -> Sim:
     """``part-*`` pinned to their workers (``on``), ``concat`` of them all, the parts in
     ``done`` finished with ``PART`` bytes each; ``queued`` more tasks pinned behind the
     last part's worker. Every duration is 10 ms: the queues are short."""
     sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.s.ahead_beyond_latency = beyond_latency
     pinned = {key: TaskRestrictions([w]) for key, w in on.items()}
     sim.submit(
         {**{key: [] for key in on}, "concat": list(on)},
@@ -192,6 +195,13 @@ def test_a_concatenation_goes_ahead_where_it_moves_no_more_than_it_would_elsewhe
     assert sim.ws(W2).ahead == set() and not sim.ts("concat").waiting_on
     sim.finish("concat")
     assert sim.state("concat") == "memory"
+
+
+def test_switched_off_only_what_moves_within_the_latency_goes_ahead():
+    on = {"part-0": W1, "part-1": W1, "part-2": W2, "part-3": W2}
+    # (the switch of benchmarks/packing_ab.py --rule ahead-data)
+    sim = partitions(on, ["part-0", "part-1", "part-2"], beyond_latency=False)
+    assert sim.state("concat") == "waiting" and sim.s.placed_ahead == 0
 
 
 def test_a_task_waits_when_another_worker_would_move_less_once_ready():

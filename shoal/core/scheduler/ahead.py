@@ -80,6 +80,9 @@ class PlaceAhead:
 
     def _init_ahead(self) -> None:
         self.ahead_per_thread = AHEAD_PER_THREAD  # 0: never place ahead
+        # False: only with what moves within the transfer latency elsewhere (the rule
+        # before _least_fetch_elsewhere; benchmarks/packing_ab.py --rule ahead-data)
+        self.ahead_beyond_latency = True
         # Tasks that started processing for real in this event (placed with every
         # dependency in memory, or whose last ahead dependency finished): their waiting
         # dependents are considered at the end of the event.
@@ -206,7 +209,11 @@ class PlaceAhead:
         # More than moves in a moment: still ahead if no other worker would be sent
         # less once the rest is done, and ws's queue is short (what it fetches is used
         # soon). ws then fetches while it computes what it had to anyway.
-        return self._is_free(ws) and remote <= self._least_fetch_elsewhere(ts, ws)
+        return (
+            self.ahead_beyond_latency
+            and self._is_free(ws)
+            and remote <= self._least_fetch_elsewhere(ts, ws)
+        )
 
     def _least_fetch_elsewhere(self, ts: TaskState, ws: WorkerRecord) -> float:
         """The fewest bytes ``ts`` would need moved to a worker other than ``ws`` once

@@ -34,6 +34,7 @@ from shoal.client.gather import GatherMixin
 from shoal.client.graph import collections
 from shoal.client.graph.dask_graph import GraphEncoder
 from shoal.client.graph.data import GraphDataCache
+from shoal.client.graph.order_cache import OrderCache
 from shoal.client.loop import LoopRunner, in_thread
 from shoal.client.output import OutputReceiver
 from shoal.client.pins import PinsMixin
@@ -181,6 +182,8 @@ class Client(
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ref_types: dict[type, Callable[[Any], Key]] = {Future: _future_key}
         self._encoder: GraphEncoder | None = None
+        # dask.order's orders of graphs submitted before, by structure (order_cache.py)
+        self._orders = OrderCache()
         # Large constants of Dask graphs, placed on the workers once (client/graph/data.py)
         self.graph_data = GraphDataCache(self)
         self._set_as_default = set_as_default

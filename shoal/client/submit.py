@@ -25,6 +25,7 @@ from shoal.protocol.serialize import FunctionTable, dumps_task_args
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
+    from shoal.client.graph.order_cache import OrderCache
 
 T = TypeVar("T")
 
@@ -37,6 +38,7 @@ class SubmitMixin:
     _sent_functions: set[str]
     _ref_types: dict[type, Callable[[Any], Key]]
     _encoder: GraphEncoder | None
+    _orders: OrderCache
     _submit_lock: threading.Lock
     _submits: Iterator[int]
     _refs_lock: threading.Lock

@@ -7,6 +7,7 @@ from typing import Any
 
 from shoal.client.futures import Future
 from shoal.client.graph.dask_graph import GraphEncoder
+from shoal.client.graph.order_cache import OrderCache
 from shoal.protocol.serialize import FunctionTable
 
 
@@ -18,6 +19,7 @@ class SpecsClient:
         self.specs: list = []
         self.functions = FunctionTable()
         self._encoder = GraphEncoder(self.functions, {Future: lambda f: f.key})
+        self._orders = OrderCache()
 
     def _graph_encoder(self) -> GraphEncoder:
         return self._encoder

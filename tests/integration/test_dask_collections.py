@@ -849,3 +849,33 @@ def test_workers_run_numerical_libraries_single_threaded(client: Client) -> None
     for values in on_workers.values():
         for variable, value in values.items():
             assert value == os.environ.get(variable, "1"), variable
+
+
+def test_a_cell_run_again_is_not_ordered_again_and_gives_the_same_result(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same collection computed again: Dask names its final step anew, the client
+    finds dask.order's order by the graph's structure (client/graph/order_cache.py)."""
+    import dask.order
+
+    calls: list[int] = []
+    real = dask.order.order
+
+    def counting(dsk: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(dsk))
+        return real(dsk, *args, **kwargs)
+
+    monkeypatch.setattr(dask.order, "order", counting)
+    x = da.arange(1_000, chunks=100)
+    cell = (x + x[::-1]).sum()
+    with dask.config.set(scheduler="sync"):
+        expected = cell.compute()
+    calls.clear()
+    hits = client._orders.hits
+    first = cell.compute(scheduler=client.get)
+    ordered_once = len([n for n in calls if n > 4])
+    second = cell.compute(scheduler=client.get)
+    assert first == second == expected
+    assert ordered_once >= 1 and client._orders.hits == hits + 1
+    # (dask's own calls on the two-task finalize graph happen in both; shoal's only once)
+    assert len([n for n in calls if n > 4]) == ordered_once

@@ -86,7 +86,8 @@ def submit_graph(
     # more than its tasks' encoding.
     encoder.start_graph(layer_templates, templates=len(dsk) > SMALL_GRAPH_TASKS)
     # (a graph too small to order needs no bound: no config lookup per small compute)
-    ordered = submission_order(dsk, order_bound() if len(dsk) > TRIVIAL_TASKS else None, index)
+    bound = order_bound() if len(dsk) > TRIVIAL_TASKS else None
+    ordered = submission_order(dsk, bound, index, client._orders)
     del index  # (its lists of positions go before the encoding)
     # Large data nodes are placed on the workers (or found there) before the graph is
     # sent: the graph then depends on their keys like on held futures, held until sent.

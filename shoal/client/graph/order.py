@@ -17,9 +17,12 @@ most of a large graph's client time. So it is bounded:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.protocol.messages import Key
+
+if TYPE_CHECKING:
+    from shoal.client.graph.order_cache import OrderCache
 
 TRIVIAL_TASKS = 4
 DEFAULT_MAX_TASKS = 100_000
@@ -74,18 +77,35 @@ class GraphIndex:
 
 
 def submission_order(
-    dsk: Mapping[Key, Any], max_tasks: int | None, index: GraphIndex | None = None
+    dsk: Mapping[Key, Any],
+    max_tasks: int | None,
+    index: GraphIndex | None = None,
+    cache: OrderCache | None = None,
 ) -> list[Key]:
     """The keys of ``dsk`` (Dask graph nodes, acyclic) in the order to submit them: every
     key after its dependencies in the graph. ``index``: ``dsk``'s :class:`GraphIndex`,
-    if the caller has made it."""
+    if the caller has made it. ``cache``: the orders ``dask.order`` gave graphs of the
+    same structure before (order_cache.py), consulted and added to."""
     from shoal.client.graph.dask_graph import topological
 
     if len(dsk) <= TRIVIAL_TASKS or (max_tasks is not None and len(dsk) > max_tasks):
         return dependency_first(dsk, index)
     from dask.order import order
 
-    return topological(dsk, order(dsk))  # type: ignore[arg-type]
+    structure = None
+    if cache is not None:
+        if index is None:
+            index = GraphIndex(dsk)
+        structure = cache.structure(dsk, index)
+        if structure is not None:
+            found = cache.get(structure, index.keys)
+            if found is not None:
+                return found
+    ordered = topological(dsk, order(dsk))  # type: ignore[arg-type]
+    if structure is not None:
+        assert cache is not None and index is not None
+        cache.put(structure, index.keys, ordered)
+    return ordered
 
 
 def dependency_first(dsk: Mapping[Key, Any], index: GraphIndex | None = None) -> list[Key]:

@@ -2,7 +2,7 @@
 or another placement rule with ``--rule``.
 
     python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
-        [--latency 0.002] [--rule packing|ahead-data]
+        [--latency 0.002] [--rule packing|ahead-data|order-cache]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
@@ -16,7 +16,9 @@ shoal/sync ratios.
 ``--rule ahead-data`` switches instead whether a task goes ahead with more data in
 memory elsewhere than moves within the transfer latency, when no other worker would
 need less moved (core/scheduler/ahead.py, ``ahead_beyond_latency``): "on" with it,
-"off" without.
+"off" without. ``--rule order-cache`` switches the client's cache of ``dask.order``'s
+orders (client/graph/order_cache.py): "on" the client's own, "off" one that remembers
+nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import dask  # noqa: E402
 
 from benchmarks.interactive import CELLS, FRAME100_ROWS, ROWS, SYNC_CONFIG, make_data  # noqa: E402
 from shoal import Client, LocalCluster  # noqa: E402
+from shoal.client.graph.order_cache import OrderCache  # noqa: E402
 from shoal.core.scheduler.packing import TRANSFER_LATENCY  # noqa: E402
 
 DEFAULT_CELLS = "array_sum,matmul,sum,array_mean0,delayed_sum"
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=DEFAULT_CELLS)
     p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
     p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
-    p.add_argument("--rule", choices=("packing", "ahead-data"), default="packing")
+    p.add_argument("--rule", choices=("packing", "ahead-data", "order-cache"), default="packing")
     args = p.parse_args(argv)
     if not args.latency > 0:
         p.error(f"--latency must be positive, got {args.latency}")
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     on, off = ("packed", "spread") if args.rule == "packing" else ("on", "off")
     ways = ("sync", on, off)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        orders = {on: client._orders, off: OrderCache(max_tasks=0)}
 
         def compute(way: str, collection: Any) -> float:
             if way == "sync":
@@ -78,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 if args.rule == "packing":
                     client.run_on_scheduler(set_latency, args.latency if way == on else 0.0)
-                else:
+                elif args.rule == "ahead-data":
                     client.run_on_scheduler(set_ahead_data, way == on)
+                else:
+                    client._orders = orders[way]
                 config = {"scheduler": client.get}
             with dask.config.set(config):
                 t0 = time.perf_counter()

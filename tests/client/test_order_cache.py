@@ -10,6 +10,7 @@ from typing import Any
 import dask.order
 import pytest
 from dask._task_spec import Alias, DataNode, Task, TaskRef
+from dask_order_calls import count_dask_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,15 +50,7 @@ def output_of(dsk: dict[Any, Any]) -> Any:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = dask.order.order
-
-    def counting(dsk: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(dsk))
-        return real(dsk, *args, **kwargs)
-
-    monkeypatch.setattr(dask.order, "order", counting)
-    return calls
+    return count_dask_order(monkeypatch)
 
 
 REDUCTION = {

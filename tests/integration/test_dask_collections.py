@@ -856,16 +856,9 @@ def test_a_cell_run_again_is_not_ordered_again_and_gives_the_same_result(
 ) -> None:
     """The same collection computed again: Dask names its final step anew, the client
     finds dask.order's order by the graph's structure (client/graph/order_cache.py)."""
-    import dask.order
+    from dask_order_calls import count_dask_order
 
-    calls: list[int] = []
-    real = dask.order.order
-
-    def counting(dsk: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(len(dsk))
-        return real(dsk, *args, **kwargs)
-
-    monkeypatch.setattr(dask.order, "order", counting)
+    calls = count_dask_order(monkeypatch)
     x = da.arange(1_000, chunks=100)
     cell = (x + x[::-1]).sum()
     with dask.config.set(scheduler="sync"):

@@ -204,6 +204,23 @@ def test_switched_off_only_what_moves_within_the_latency_goes_ahead():
     assert sim.state("concat") == "waiting" and sim.s.placed_ahead == 0
 
 
+def test_much_data_elsewhere_keeps_a_task_with_dependents_waiting():
+    """The same four partitions, the concatenation feeding one more task: pinned early,
+    it would take the choice of a less loaded worker away from the work after it."""
+    on = {"part-0": W1, "part-1": W1, "part-2": W2, "part-3": W2}
+    sim = Sim(workers={W1: 1, W2: 1}, ahead=True)
+    sim.submit(
+        {**{key: [] for key in on}, "concat": list(on), "after": ["concat"]},
+        wanted=["after"],
+        restrictions={key: TaskRestrictions([w]) for key, w in on.items()},
+        durations=dict.fromkeys([*on, "concat", "after"], 0.01),
+        group=dict.fromkeys(on, "part"),
+    )
+    for key in ("part-0", "part-1", "part-2"):
+        sim.finish(key, nbytes=PART, duration=0.01)
+    assert sim.state("concat") == "waiting" and sim.s.placed_ahead == 0
+
+
 def test_a_task_waits_when_another_worker_would_move_less_once_ready():
     """Three partitions done on W1, the fourth computing on W2: W2 would fetch 60 MB,
     W1 only the fourth (20 MB, estimated): placed as usual once ready."""

@@ -212,8 +212,8 @@ class PlaceAhead:
         # sent less once the rest is done, and ws's queue is short (what it fetches is
         # used soon). ws then fetches while it computes what it had to anyway. A task
         # with dependents is placed once ready: pinned early, it would take away the
-        # choice of a less loaded worker from the work after it (``(x + x.T).sum()``
-        # over 8 MB chunks ran 4% slower with it).
+        # choice of a less loaded worker from the work after it (measured on
+        # ``(x + x.T).sum()`` over 8 MB chunks: PROFILE-interactive.md, section 8).
         return (
             self.ahead_beyond_latency
             and not ts.dependents

@@ -4,15 +4,14 @@ that graph's own keys."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import dask.order
 import pytest
 from dask._task_spec import Alias, DataNode, Task, TaskRef
-from dask_order_calls import count_dask_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from order_helpers import count_dask_order, renamed
 
 from shoal.client.graph.dask_graph import topological
 from shoal.client.graph.order import TRIVIAL_TASKS, GraphIndex, submission_order
@@ -33,19 +32,6 @@ def graph(deps_by_key: dict[Any, list[Any]]) -> dict[Any, Any]:
 
 def by_dask(dsk: dict[Any, Any]) -> list[Any]:
     return topological(dsk, dask.order.order(dsk))
-
-
-def renamed(dsk: dict[Any, Any], old: Any, new: Any) -> dict[Any, Any]:
-    """``dsk`` with the key ``old``, on which nothing depends, called ``new``."""
-    node = copy.copy(dsk[old])
-    node.key = new
-    return {(new if k == old else k): (node if k == old else v) for k, v in dsk.items()}
-
-
-def output_of(dsk: dict[Any, Any]) -> Any:
-    index = GraphIndex(dsk)
-    (i,) = [i for i, dependents in enumerate(index.dependents) if not dependents]
-    return index.keys[i]
 
 
 @pytest.fixture

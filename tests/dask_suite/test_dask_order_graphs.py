@@ -44,9 +44,8 @@ def test_an_order_found_by_structure_is_dask_orders_for_a_graph_with_its_output_
     left out of it (shoal/client/graph/order_cache.py). On every one of dask's own
     ordering test graphs with one output: the order found for the graph with that
     output renamed is dask.order's own for it."""
-    import copy
-
     from dask.order import order
+    from order_helpers import renamed
 
     from benchmarks.order_memory import as_nodes
     from shoal.client.graph.dask_graph import topological
@@ -65,9 +64,7 @@ def test_an_order_found_by_structure_is_dask_orders_for_a_graph_with_its_output_
         except Exception:  # a graph dask's own tests expect to be refused (a cycle)
             continue
         (output,) = outputs
-        node = copy.copy(dsk[output])
-        node.key = new = ("renamed-output", test)
-        other = {(new if k == output else k): (node if k == output else v) for k, v in dsk.items()}
+        other = renamed(dsk, output, ("renamed-output", test))
         cache = OrderCache()
         submission_order(dsk, DEFAULT_MAX_TASKS, cache=cache)
         found = submission_order(other, DEFAULT_MAX_TASKS, cache=cache)

@@ -856,7 +856,7 @@ def test_a_cell_run_again_is_not_ordered_again_and_gives_the_same_result(
 ) -> None:
     """The same collection computed again: Dask names its final step anew, the client
     finds dask.order's order by the graph's structure (client/graph/order_cache.py)."""
-    from dask_order_calls import count_dask_order
+    from order_helpers import count_dask_order
 
     calls = count_dask_order(monkeypatch)
     x = da.arange(1_000, chunks=100)

@@ -92,18 +92,16 @@ def submission_order(
         return dependency_first(dsk, index)
     from dask.order import order
 
-    structure = None
-    if cache is not None:
-        if index is None:
-            index = GraphIndex(dsk)
-        structure = cache.structure(dsk, index)
-        if structure is not None:
-            found = cache.get(structure, index.keys)
-            if found is not None:
-                return found
-    ordered = topological(dsk, order(dsk))  # type: ignore[arg-type]
-    if structure is not None:
-        assert cache is not None and index is not None
+    if cache is None:
+        return topological(dsk, order(dsk))  # type: ignore[arg-type]
+    if index is None:
+        index = GraphIndex(dsk)
+    structure = cache.structure(dsk, index)
+    if structure is None:
+        return topological(dsk, order(dsk))  # type: ignore[arg-type]
+    ordered = cache.get(structure, index.keys)
+    if ordered is None:
+        ordered = topological(dsk, order(dsk))  # type: ignore[arg-type]
         cache.put(structure, index.keys, ordered)
     return ordered
 

@@ -2,7 +2,7 @@
 or another placement rule with ``--rule``.
 
     python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
-        [--latency 0.002] [--rule packing|ahead-data|order-cache]
+        [--latency 0.002] [--rule packing|ahead-data|order-cache|worker-batch] [--pause 0]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
@@ -18,12 +18,16 @@ memory elsewhere than moves within the transfer latency, when no other worker wo
 need less moved (core/scheduler/ahead.py, ``ahead_beyond_latency``): "on" with it,
 "off" without. ``--rule order-cache`` switches the client's cache of ``dask.order``'s
 orders (client/graph/order_cache.py): "on" the client's own, "off" one that remembers
-nothing.
+nothing. ``--rule worker-batch`` is not a rule of shoal's but of Linux: every thread of
+both worker processes under ``SCHED_BATCH`` ("on": a worker woken never preempts the
+process running, the scheduler or the client) or the default ``SCHED_OTHER`` ("off"),
+set from this process with ``os.sched_setscheduler`` (PROFILE-interactive.md, section 9).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -53,16 +57,35 @@ def set_ahead_data(on: bool, dask_scheduler: Any = None) -> None:
     dask_scheduler.state.ahead_beyond_latency = on
 
 
+def set_worker_policy(pids: list[int], policy: int) -> None:
+    """``policy`` for every thread of the processes ``pids`` (Linux)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--only", default=DEFAULT_CELLS)
     p.add_argument("--quick", action="store_true", help="frames of 1/10 the rows")
+    p.add_argument(
+        "--pause", type=float, default=0.0, help="seconds after each compute (interactive's: 0.05)"
+    )
     p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
-    p.add_argument("--rule", choices=("packing", "ahead-data", "order-cache"), default="packing")
+    p.add_argument(
+        "--rule",
+        choices=("packing", "ahead-data", "order-cache", "worker-batch"),
+        default="packing",
+    )
     args = p.parse_args(argv)
+    if args.rule == "worker-batch" and not hasattr(os, "SCHED_BATCH"):
+        p.error("--rule worker-batch needs Linux's SCHED_BATCH")
     if not args.latency > 0:
         p.error(f"--latency must be positive, got {args.latency}")
+    if args.pause < 0:
+        p.error(f"--pause must be at least 0, got {args.pause}")
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     for name in args.only.split(","):
@@ -75,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ways = ("sync", on, off)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         orders = {on: client._orders, off: OrderCache(max_tasks=0)}
+        workers = list(client.run(os.getpid).values()) if args.rule == "worker-batch" else []
 
         def compute(way: str, collection: Any) -> float:
             if way == "sync":
@@ -84,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                     client.run_on_scheduler(set_latency, args.latency if way == on else 0.0)
                 elif args.rule == "ahead-data":
                     client.run_on_scheduler(set_ahead_data, way == on)
+                elif args.rule == "worker-batch":
+                    set_worker_policy(workers, os.SCHED_BATCH if way == on else os.SCHED_OTHER)
                 else:
                     client._orders = orders[way]
                 config = {"scheduler": client.get}
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 for j in range(len(ways)):
                     way = ways[(i + j) % len(ways)]
                     times[way].append(compute(way, collection))
+                    time.sleep(args.pause)
             ms = {w: statistics.median(t) * 1000 for w, t in times.items()}
             print(
                 f"| {name} | {ms['sync']:.2f} | {ms[on]:.2f} | {ms[off]:.2f} | "
@@ -113,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ms[on] / ms[off]:.3f} |",
                 flush=True,
             )
+        if workers:
+            set_worker_policy(workers, os.SCHED_OTHER)
         print(f"load average {os.getloadavg()}")
     return 0
 

@@ -19,7 +19,6 @@ from shoal.config import fraction_text, optional_text
 from shoal.dashboard.cli_options import http_option, metrics_options, worker_http_args
 from shoal.protocol.exit_codes import EXIT_RESTART
 from shoal.protocol.messages import check_resources
-from shoal.server.cpu_policy import use_batch_scheduling
 
 if TYPE_CHECKING:
     from shoal.server.worker import Worker
@@ -411,13 +410,6 @@ def _read_scheduler_file(path: str, timeout: float) -> str:
     "empty, instead of exiting.",
 )
 @click.option(
-    "--batch-scheduling/--no-batch-scheduling",
-    default=cfg("worker.batch-scheduling"),
-    show_default=True,
-    help="Run under Linux's SCHED_BATCH: a worker woken up does not preempt the "
-    "scheduler, a client or its own task thread on a busy core (no effect elsewhere).",
-)
-@click.option(
     "--interrupt-grace",
     type=float,
     default=cfg("worker.interrupt-grace"),
@@ -496,7 +488,6 @@ def worker(
     timeout: float,
     scheduler_timeout: float,
     reconnect: bool,
-    batch_scheduling: bool,
     interrupt_grace: float,
     preload: tuple[str, ...],
     lifetime: str | None,
@@ -565,7 +556,6 @@ def worker(
             *("--log-level", log_level),
             *("--scheduler-timeout", str(scheduler_timeout)),
             *(["--reconnect"] if reconnect else []),
-            "--batch-scheduling" if batch_scheduling else "--no-batch-scheduling",
             *("--interrupt-grace", str(interrupt_grace)),
             *[arg for module in preload for arg in ("--preload", module)],
             *(["--lifetime", lifetime] if lifetime is not None else []),
@@ -582,8 +572,6 @@ def worker(
         return
 
     log = logging.getLogger("shoal.worker")
-    if batch_scheduling:  # before the worker's threads start: they inherit it
-        use_batch_scheduling()
     preloads = _import_preloads(preload)
     # Arrow buffers (pyarrow-backed strings, shuffles) from the C library's allocator,
     # which gives freed memory back, rather than mimalloc, which keeps it: a worker's

@@ -68,7 +68,6 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         allowed_failures: int = CONFIGURED,
         worker_ttl: float = CONFIGURED,
         interrupt_grace: float = CONFIGURED,
-        batch_scheduling: bool = CONFIGURED,
         lifetime: str | float | None = None,
         lifetime_stagger: str | float = 0,
         lifetime_restart: bool | None = None,
@@ -88,12 +87,6 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         allowed_failures = resolve(allowed_failures, "scheduler.allowed-failures")
         worker_ttl = resolve(worker_ttl, "scheduler.worker-ttl")
         interrupt_grace = resolve(interrupt_grace, "worker.interrupt-grace")
-        batch_scheduling = resolve(batch_scheduling, "worker.batch-scheduling")
-        if not isinstance(batch_scheduling, bool):  # e.g. "false" from a variable
-            raise ValueError(
-                "batch_scheduling (shoal.worker.batch-scheduling) is True or False, "
-                f"not {batch_scheduling!r}"
-            )
 
         ncores = os.cpu_count() or 1
         if n_workers is None:
@@ -118,8 +111,6 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
         )
         self.dashboard_port = 0  # once the scheduler listens
         self.interrupt_grace = interrupt_grace  # then a force-cancelled stuck task restarts it
-        # Worker processes under SCHED_BATCH (shoal/server/cpu_policy.py); never this one
-        self.batch_scheduling = batch_scheduling
         self.resources = check_resources(resources or {})  # every worker's, e.g. {"GPU": 1}
         # Each worker's HTTP port (/metrics), e.g. ":0"; None: none (as Dask's LocalCluster)
         self.worker_dashboard_address = worker_dashboard_address
@@ -240,7 +231,6 @@ class LocalCluster(ClusterViewMixin, ElasticCluster):
             *(["--validate"] if self.validate else []),
             *(["--resources", _format_resources(self.resources)] if self.resources else []),
             *("--interrupt-grace", str(self.interrupt_grace)),
-            "--batch-scheduling" if self.batch_scheduling else "--no-batch-scheduling",
             *self.walltime.cli_args(),
             *(
                 ["--dashboard-address", self.worker_dashboard_address]

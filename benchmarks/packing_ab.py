@@ -19,9 +19,10 @@ need less moved (core/scheduler/ahead.py, ``ahead_beyond_latency``): "on" with i
 "off" without. ``--rule order-cache`` switches the client's cache of ``dask.order``'s
 orders (client/graph/order_cache.py): "on" the client's own, "off" one that remembers
 nothing. ``--rule worker-batch`` is not a rule of shoal's but of Linux: every thread of
-both worker processes under ``SCHED_BATCH`` ("on": a worker woken never preempts the
+both worker processes under ``SCHED_BATCH`` ("on": a worker woken up never preempts the
 process running, the scheduler or the client) or the default ``SCHED_OTHER`` ("off"),
-set from this process with ``os.sched_setscheduler`` (PROFILE-interactive.md, section 9).
+set from this process with ``os.sched_setscheduler``. Tried for shoal's workers and not
+kept: PROFILE-interactive.md, section 9.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ scheduler (``dask.config.set(scheduler=get)``), alternating round by round, with
   thread in between);
 * ``direct``: the echo answers the caller itself (three hops), the caller reading it: the
   fewest for any design that puts a scheduler between a client and its workers;
+* ``leased``: the caller sends the request to the echo itself and tells the relay after
+  (a design where the scheduler leased the worker beforehand, as Ray's direct task
+  submission does); the echo answers the caller, then tells the relay. Two hops on the
+  path, and both notices' writes paid by the caller and the echo;
 * ``shoal``: a shoal cluster (a scheduler process and two one-thread worker processes,
   ``benchmarks/cluster.py``), its client as Dask's scheduler (``--no-shoal``: left out).
 
@@ -96,6 +100,8 @@ async def _relay(port_file: str) -> None:
         kind, rest = payload[:1], payload[1:]
         if kind == b"H":  # hello: b"H" + role
             peers[rest] = conn
+        elif kind == b"N":  # a notice (leased): the scheduler's bookkeeping, not timed
+            pass
         elif kind == b"C":
             peers[b"echo"].send(payload)
         else:  # b"W": the echo's answer, for the client
@@ -117,7 +123,10 @@ async def _echo(relay_port: int) -> None:
 
     def on_message(conn: _Framed, payload: bytes) -> None:
         answer = b"W" + str(sum([1, 2, 3])).encode() + payload[1:]
-        if payload[1:2] == b"D":
+        if payload[1:2] == b"L":  # leased: answer the caller, then tell the relay
+            conn.send(answer)
+            relay.send(b"N" + payload[2:])
+        elif payload[1:2] == b"D":
             port = int(payload[2:8])
             client = direct.get(port)
             if client is not None:
@@ -220,6 +229,14 @@ class Client:
         self.blocking.send(b"C" + REQUEST)
         return [int(self.blocking.recv()[1:2])]
 
+    def get_leased(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        if self.direct is None:  # the echo's connection back to us, made by a direct call
+            self.get_direct(dsk, keys)
+        assert self.direct is not None
+        self.direct.send(b"CL" + REQUEST)
+        self.blocking.send(b"N" + REQUEST)  # the scheduler told after the worker
+        return [int(self.direct.recv()[1:2])]
+
     def get_direct(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         self.blocking.send(b"CD" + b"%06d" % self.listen_port + REQUEST)
         if self.direct is None:
@@ -283,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             "loop-thread": (client.get_loop_thread, "loop-thread"),
             "caller-reads": (client.get_caller_reads, "caller-reads"),
             "direct": (client.get_direct, "caller-reads"),
+            "leased": (client.get_leased, "caller-reads"),
         }
         if not args.no_shoal:
             from benchmarks.cluster import SYSTEMS, Cluster

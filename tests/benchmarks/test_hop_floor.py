@@ -15,5 +15,13 @@ def test_hop_floor_tiny() -> None:
         for line in proc.stdout.splitlines()
         if line.startswith("| ") and not line.startswith("| scheduler")
     }
-    assert set(rows) == {"sync", "no-op", "loop-thread", "caller-reads", "direct", "shoal"}
+    assert set(rows) == {
+        "sync",
+        "no-op",
+        "loop-thread",
+        "caller-reads",
+        "direct",
+        "leased",
+        "shoal",
+    }
     assert rows["sync"].split("|")[4].strip() == "1.00"

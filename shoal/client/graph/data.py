@@ -230,8 +230,7 @@ def data_size(value: Any) -> int:
     µs each, for every partition at every compute: 6-11 ms of ``describe()`` on 100
     partitions), Dask's ``sizeof`` for anything else (it samples the items of a list or
     a dict, which shoal's estimate does not look into)."""
-    root = type(value).__module__.partition(".")[0]
-    if root == "pandas" or root == "numpy":
+    if type(value).__module__.partition(".")[0] in ("pandas", "numpy"):
         from shoal.protocol.serialize import sizeof
 
         return sizeof(value)

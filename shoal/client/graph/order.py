@@ -92,16 +92,15 @@ def submission_order(
         return dependency_first(dsk, index)
     from dask.order import order
 
-    if cache is None:
-        return topological(dsk, order(dsk))  # type: ignore[arg-type]
-    if index is None:
-        index = GraphIndex(dsk)
-    structure = cache.structure(dsk, index)
-    if structure is None:
-        return topological(dsk, order(dsk))  # type: ignore[arg-type]
-    ordered = cache.get(structure, index.keys)
-    if ordered is None:
-        ordered = topological(dsk, order(dsk))  # type: ignore[arg-type]
+    structure = None
+    if cache is not None:
+        if index is None:
+            index = GraphIndex(dsk)
+        structure = cache.structure(dsk, index)
+        if structure is not None and (found := cache.get(structure, index.keys)) is not None:
+            return found
+    ordered: list[Key] = topological(dsk, order(dsk))  # type: ignore[arg-type]
+    if cache is not None and index is not None and structure is not None:
         cache.put(structure, index.keys, ordered)
     return ordered
 

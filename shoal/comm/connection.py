@@ -68,6 +68,7 @@ _REPLIES = (
     m.DatasetReply,
     m.CoordinateReply,
     m.ActorReply,
+    m.LaneGrant,
 )
 
 

@@ -69,6 +69,15 @@ from shoal.protocol.message_families.handshake import (
     Refused,
     Welcome,
 )
+from shoal.protocol.message_families.lanes import (
+    LaneClosed,
+    LaneGrant,
+    LaneOpen,
+    LaneRan,
+    LaneRequest,
+    LaneResult,
+    LaneRun,
+)
 from shoal.protocol.message_families.membership import (
     CloseWorker,
     Heartbeat,
@@ -182,7 +191,9 @@ from shoal.protocol.message_families.tasks import (
 #    dtypes) and the TEMPLATE kind (a function-table template plus slot values).
 # 16: results inline: ComputeTask.client_wants (the worker inlines a small result of a
 #    key a client wants), KeyInMemory.who_has (the client fetches without WhoHas).
-PROTOCOL_VERSION = 16
+# 17: lanes (LaneRequest, LaneGrant, LaneOpen, LaneClosed, LaneRun, LaneResult,
+#    LaneRan): a one-task get sent by the client to a worker the scheduler granted it.
+PROTOCOL_VERSION = 17
 
 AnyMessage = (
     Hello
@@ -273,6 +284,13 @@ AnyMessage = (
     | RegisterActor
     | ActorCall
     | ActorReply
+    | LaneRequest
+    | LaneGrant
+    | LaneOpen
+    | LaneClosed
+    | LaneRun
+    | LaneResult
+    | LaneRan
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__
@@ -320,6 +338,13 @@ __all__ = [
     "KeyErred",
     "KeyInMemory",
     "KeyUnserializable",
+    "LaneClosed",
+    "LaneGrant",
+    "LaneOpen",
+    "LaneRan",
+    "LaneRequest",
+    "LaneResult",
+    "LaneRun",
     "LogEvent",
     "Message",
     "MissingData",

@@ -317,6 +317,32 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         request_id=41, key="Counter-1", op="call", name="increment", args=b"\x80\x05."
     ),
     m.ActorReply: m.ActorReply(request_id=41, value=b"\x80\x05K\x01.", error=b"e", no_actor=True),
+    m.LaneRequest: m.LaneRequest(request_id=42),
+    m.LaneGrant: m.LaneGrant(
+        request_id=42, lane="lane-3", worker="tcp://w:1", reason="no running worker"
+    ),
+    m.LaneOpen: m.LaneOpen(lane="lane-3", client="client-7"),
+    m.LaneClosed: m.LaneClosed(lane="lane-3", reason="worker tcp://w:1 left", gone=True),
+    m.LaneRun: m.LaneRun(
+        request_id=43,
+        lane="lane-3",
+        task=m.TaskSpec(key=("sum", 1), func="f" * 24, payload=SMALL, funcs=["g" * 24]),
+        functions={"f" * 24: b"\x80\x05function"},
+    ),
+    # (every field set, so "declined": the one status that allows all of them)
+    m.LaneResult: m.LaneResult(
+        request_id=43,
+        status="declined",
+        payloads=[PAYLOAD],
+        type_name="int",
+        exception=SMALL,
+        traceback="Traceback ...",
+        reason="worker tcp://w:1 is busy",
+        output=b"\x91\x92\xa6stdout\xa2hi",
+    ),
+    m.LaneRan: m.LaneRan(
+        lane="lane-3", key=("sum", 1), status="erred", start=1.5, stop=2.0, nbytes=28
+    ),
     m.CoordinateReply: m.CoordinateReply(
         request_id=40,
         ok=False,

@@ -93,6 +93,8 @@ class Membership:
 
         waiting_to_leave: dict[str, Any]
         def _unpin_worker(self, ws: WorkerRecord, stimulus_id: str, why: str) -> None: ...
+        closed_lanes: dict[str, Any]
+        def _lanes_worker_removed(self, address: str) -> None: ...
         def pinned_why(self, ws: WorkerRecord) -> str: ...
         def _shuffle_worker_removed(self, address: str, reason: str, stimulus_id: str) -> None: ...
 
@@ -192,6 +194,8 @@ class Membership:
             self._worker_watch(("remove", address, stimulus_id))
         if ws.pins:
             self._unpin_worker(ws, stimulus_id, reason or "removed")
+        if address in self.closed_lanes:  # (its open lanes closed as it was unindexed)
+            self._lanes_worker_removed(address)
         self.scaling_down.pop(address, None)
         self.waiting_to_leave.pop(address, None)
         retirement = self.retiring.pop(address, None)

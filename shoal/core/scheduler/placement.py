@@ -121,6 +121,8 @@ class Placement:
     limits_version: int
     parked: dict[TaskState, None]
     _recheck_parked: bool
+    # lanes (core/scheduler/lanes.py)
+    lanes_of_worker: dict[str, Any]
 
     if TYPE_CHECKING:
 
@@ -133,6 +135,7 @@ class Placement:
         def _park_if_unfit(self, ts: TaskState, stimulus_id: str) -> bool: ...
         def _valid_fitting(self, ts: TaskState, r: Restrictions) -> list[WorkerRecord]: ...
         def _forget_parked(self, ts: TaskState) -> None: ...
+        def _close_worker_lanes(self, address: str, reason: str) -> None: ...
         def _joins_sibling(
             self,
             ts: TaskState,
@@ -183,6 +186,10 @@ class Placement:
     def _unindex_worker(self, ws: WorkerRecord) -> None:
         """``ws`` gets no new tasks (it left, paused or is retiring)."""
         del self.runnable[ws.address]
+        if ws.address in self.lanes_of_worker:  # nor direct ones (lanes.py)
+            gone = ws.address not in self.workers
+            why = "left" if gone else "takes no new tasks"
+            self._close_worker_lanes(ws.address, f"worker {ws.address} {why}")
         for index, names in ((self.by_alias, ws.aliases), (self.by_resource, ws.resources)):
             for name in names:
                 holders = index[name]

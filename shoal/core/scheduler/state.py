@@ -22,6 +22,7 @@ from shoal.core.scheduler.coordination import Coordination
 from shoal.core.scheduler.datasets import Datasets
 from shoal.core.scheduler.events import Events
 from shoal.core.scheduler.introspection import Introspection
+from shoal.core.scheduler.lanes import Lanes
 from shoal.core.scheduler.membership import (
     DEFAULT_ALLOWED_FAILURES,
     DEFAULT_WORKER_TTL,
@@ -87,6 +88,7 @@ class SchedulerState(
     OutputRouting,
     Coordination,
     Actors,
+    Lanes,
 ):
     def __init__(
         self,
@@ -124,6 +126,7 @@ class SchedulerState(
         self._init_coordination()
         self._init_rebalance()
         self._init_actors()  # after pins: it registers its pin owners
+        self._init_lanes()
         self._generation = itertools.count()
         # True while a CancelKeys(force=True) is applied: the processing tasks it
         # releases are interrupted on their workers.
@@ -247,6 +250,7 @@ class SchedulerState(
         self._close_watches(cs)
         self.release_pins_of(f"client:{client_id}", stimulus_id, "its client left")
         self._coordination_client_left(client_id, stimulus_id)  # its leases go with it
+        self._close_client_lane(client_id)
         self._release_wants(cs, list(cs.wants), stimulus_id)
         self._done(stimulus_id)
 
@@ -293,6 +297,7 @@ class SchedulerState(
         m.ForwardOutput: OutputRouting._forward_output,
         m.Coordinate: Coordination._coordinate,
         m.RegisterActor: Actors._register_actor,
+        m.LaneRequest: Lanes._lane_request,
     }
 
     # ------------------------------------------------------------------ events: workers
@@ -303,6 +308,7 @@ class SchedulerState(
         m.LogEvent: Events._worker_log_event,
         m.StealReply: Stealing._steal_reply,
         m.TaskOutput: OutputRouting._task_output,
+        m.LaneRan: Lanes._lane_ran,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:

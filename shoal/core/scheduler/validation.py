@@ -228,6 +228,7 @@ def validate_scheduler_state(state: SchedulerState) -> None:
         check(all(resource in ws.resources for ws in holders), f"resource index: {resource}")
     _check_watches(state, check)
     _check_pins(state, check)
+    _check_lanes(state, check)
     _check_coordination(state, check)
     workers = state.workers.values()
     check(state.total_nbytes == sum(ws.nbytes for ws in workers), "total nbytes")
@@ -295,3 +296,32 @@ def _check_pins(state: SchedulerState, check: Callable[..., None]) -> None:
             check(held is not None, f"{ws.address} lists pin {pin_id}, which is gone")
             assert held is not None
             check(ws.address in held.workers, f"{ws.address} lists pin {pin_id}, not holding it")
+
+
+def _check_lanes(state: SchedulerState, check: Callable[..., None]) -> None:
+    """Every lane is on a worker that takes new tasks, held by a connected client (one
+    lane per client), filed under both, and none is open while lanes are off."""
+    check(state.lanes_enabled or not state.lanes, "a lane open while lanes are off")
+    for lane_id, lane in state.lanes.items():
+        check(lane.id == lane_id, f"lane {lane_id} filed under another id")
+        ws = state.runnable.get(lane.worker)
+        check(ws is not None, f"lane {lane_id} on {lane.worker}, which takes no new tasks")
+        assert ws is not None
+        check(ws.deadline is None and ws.budget is None, f"lane {lane_id} on a limited worker")
+        check(lane.client in state.clients, f"lane {lane_id} outlived {lane.client}")
+        check(state.lane_of_client.get(lane.client) is lane, f"lane {lane_id} not its client's")
+        check(
+            state.lanes_of_worker.get(lane.worker, {}).get(lane_id) is lane,
+            f"lane {lane_id} not filed under its worker",
+        )
+    check(
+        sum(len(v) for v in state.lanes_of_worker.values()) == len(state.lanes)
+        and all(state.lanes_of_worker.values())
+        and len(state.lane_of_client) <= len(state.lanes),
+        "lane indexes out of step with the lanes",
+    )
+    for address, closed in state.closed_lanes.items():
+        check(address in state.workers, f"closed lanes kept for {address}, which is gone")
+        check(bool(closed), f"an empty record of closed lanes for {address}")
+        for client_id in closed:
+            check(client_id in state.clients, f"a closed lane kept for {client_id}, which left")

@@ -62,6 +62,9 @@ class Walltime:
         workers: dict[str, WorkerRecord]
         retiring: dict[str, Any]
         free_workers: set[WorkerRecord]
+        lanes_of_worker: dict[str, Any]
+
+        def _close_worker_lanes(self, address: str, reason: str) -> None: ...
 
         def _valid_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
         def _capable_workers(self, r: Restrictions) -> Iterable[WorkerRecord]: ...
@@ -174,6 +177,8 @@ class Walltime:
                     self.nlimited += 1  # limited from now on
                 ws.budget = ws.assigned  # no new task
                 self.free_workers.discard(ws)
+                if ws.address in self.lanes_of_worker:  # nor direct ones (lanes.py)
+                    self._close_worker_lanes(ws.address, f"worker {ws.address} is leaving")
                 self.limits_version += 1
                 self.waiting_to_leave[ws.address] = msg
                 self.log_event(

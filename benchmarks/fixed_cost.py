@@ -8,7 +8,10 @@ module on their ``PYTHONPATH`` (as ``message_trace`` does). Each stamp costs abo
 microsecond; the medians below are per compute, of the time since ``compute()`` was
 called, and the step from the stamp before.
 
-    PYTHONPATH=. python benchmarks/fixed_cost.py [--computes 300] [--pause 0.01]
+    PYTHONPATH=. python benchmarks/fixed_cost.py [--computes 300] [--pause 0.01] [--lanes]
+
+The compute goes through the scheduler (the client's lanes off, ``shoal/lanes``), whose
+path the points below describe; with ``--lanes`` it goes by lane, straight to a worker.
 
 Points: the client's ``compute()`` call, shoal's ``get`` (what Dask calls), the graph
 submitted (``submit_graph`` done), every frame written (``wr0``/``wr1``, around the
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hot", action="store_true", help="also time a few of the steps in a loop, hot"
     )
+    parser.add_argument("--lanes", action="store_true", help="one-task gets by lane")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
     site = directory / "site"
@@ -276,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     try:
         client = cluster.client
+        client._lanes.enabled = args.lanes
 
         def run() -> None:
             with dask.config.set(scheduler=client.get):

@@ -57,6 +57,7 @@ def test_no_accidental_public_modules():
     # except modules Python itself binds while importing them.
     public = {n for n in vars(shoal) if not n.startswith("_")}
     modules = {"client", "comm", "core", "deploy", "protocol", "server", "cli", "shuffle"}
+    modules |= {"lanes"}  # shoal.lanes: one-task gets straight to a worker
     modules |= {"plugins", "jobqueue"}
     modules |= {"config"}  # shoal.config: dask.config keys under shoal.*
     modules |= {"dashboard"}  # shoal.dashboard: the dashboard, /metrics, performance reports

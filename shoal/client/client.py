@@ -49,6 +49,7 @@ from shoal.comm.pool import ConnectionPool
 from shoal.comm.security import Security
 from shoal.comm.tcp import connect
 from shoal.config import CONFIGURED, resolve
+from shoal.lanes._client import ClientLanes
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
 from shoal.protocol.messages import Key
@@ -184,6 +185,7 @@ class Client(
         self._encoder: GraphEncoder | None = None
         # dask.order's orders of graphs submitted before, by structure (order_cache.py)
         self._orders = OrderCache()
+        self._lanes = ClientLanes(self)  # one-task gets straight to a worker (shoal/lanes)
         # Large constants of Dask graphs, placed on the workers once (client/graph/data.py)
         self.graph_data = GraphDataCache(self)
         self._set_as_default = set_as_default
@@ -316,6 +318,7 @@ class Client(
                 conn.send(m.ReleaseKeys(held, stimulus_id=f"client-close-{self.id}"))
             conn.close()
         self._worker_conns.close()
+        self._lanes.close()
         if self._asynchronous:
             if self._callback_pool is not None:
                 self._callback_pool.shutdown(wait=False)
@@ -495,6 +498,8 @@ class Client(
                         st.cancel(msg.reason)  # type: ignore[attr-defined]
             elif t is m.TaskOutput:
                 self._output.received(msg)  # type: ignore[arg-type]
+            elif t is m.LaneClosed:
+                self._lanes.closed(msg)  # type: ignore[arg-type]
             elif t is m.TaskUnplaceable:  # once per episode (the scheduler's count)
                 logger.warning("%s", msg.reason)  # type: ignore[attr-defined]
             elif t in _LATE_REPLIES:
@@ -525,15 +530,20 @@ def _future_key(f: Future) -> Key:
 
 
 def _remote_exception(msg: m.KeyErred) -> tuple[BaseException, str]:
+    return remote_exception(msg.exception, msg.traceback), msg.traceback
+
+
+def remote_exception(payload: m.Payload, traceback: str) -> BaseException:
+    """A task's exception as the caller sees it: loaded, its remote traceback a note."""
     try:
-        exc = loads_value(msg.exception)
+        exc = loads_value(payload)
     except Exception as e:  # the exception's class is not importable here
         exc = RuntimeError(f"a task failed with an exception that cannot be loaded here: {e}")
     if not isinstance(exc, BaseException):
         exc = RuntimeError(repr(exc))
-    if msg.traceback and hasattr(exc, "add_note"):
-        exc.add_note(f"Remote traceback (most recent call last):\n{msg.traceback.rstrip()}")
-    return exc, msg.traceback
+    if traceback and hasattr(exc, "add_note"):
+        exc.add_note(f"Remote traceback (most recent call last):\n{traceback.rstrip()}")
+    return exc
 
 
 __all__ = ["Client", "CommClosedError", "SerializationError"]

@@ -190,6 +190,11 @@ class SchedulerPlugins:
         self.watching_clients = self.registry.hooked("add_client") or self.registry.hooked(
             "remove_client"
         )
+        # A lane's task reaches neither hook: lanes close while a plugin watches (shoal/lanes).
+        lanes = not (self._watching_transitions or self.watching_graphs)
+        if lanes != self.server.state.lanes_enabled:
+            why = "a scheduler plugin watches transitions or graphs"
+            self.server.state.set_lanes_enabled(lanes, why)
 
     def _schedule_flush(self) -> None:
         """The core recorded a first transition (or worker change) since the last

@@ -103,6 +103,18 @@ class OutputCollector:
 
     # -- from the worker's loop --
 
+    def take_task(self, key: Any) -> bytes:
+        """What ``key`` wrote, encoded as a TaskOutput's data (b"" if nothing): a lane's
+        task answers its client with its output (shoal/lanes)."""
+        if key not in self._pending and key not in self._dropped:
+            return b""
+        with self._lock:
+            entries = self._pending.pop(key, [])
+            dropped = self._dropped.pop(key, 0)
+        if dropped:
+            entries.append(["stderr", _dropped_note(dropped)])
+        return _encoder.encode(entries) if entries else b""
+
     def take(self, refill: bool = False) -> list[m.TaskOutput]:
         """The messages to send now (and, each interval, a new byte budget)."""
         if not refill and not self._pending and not self._dropped:
@@ -113,12 +125,15 @@ class OutputCollector:
             if refill:
                 self._budget = OUTPUT_BYTES_PER_INTERVAL
         for key, n in dropped.items():
-            note = (
-                f"[shoal: {n} characters of this task's output dropped: a worker forwards "
-                f"at most {OUTPUT_BYTES_PER_INTERVAL} per {OUTPUT_INTERVAL}s]\n"
-            )
-            pending.setdefault(key, []).append(["stderr", note])
+            pending.setdefault(key, []).append(["stderr", _dropped_note(n)])
         return [m.TaskOutput(key, "", _encoder.encode(entries)) for key, entries in pending.items()]
+
+
+def _dropped_note(n: int) -> str:
+    return (
+        f"[shoal: {n} characters of this task's output dropped: a worker forwards "
+        f"at most {OUTPUT_BYTES_PER_INTERVAL} per {OUTPUT_INTERVAL}s]\n"
+    )
 
 
 class _ThreadStream(io.TextIOBase):

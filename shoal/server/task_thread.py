@@ -86,8 +86,8 @@ class TaskThreadMixin:
         """On a task thread: leave the thread count, so that another task may start
         (a new thread takes this one's place); this thread ends with its task."""
         key = _current.key
-        if _current.seceded:
-            return
+        if _current.seceded or getattr(_current, "lane", False):
+            return  # (a lane's task holds no thread slot: shoal/lanes/_worker.py)
         _current.seceded = True
         # The tasks queued behind this one in its thread's batch go on elsewhere now:
         # this thread ends with its task, which may wait for them.
@@ -102,7 +102,7 @@ class TaskThreadMixin:
     def rejoin(self) -> None:
         """On a seceded task thread: wait for a free slot, then count again."""
         key = _current.key
-        if not _current.seceded or self._closed.is_set():
+        if not _current.seceded or self._closed.is_set() or getattr(_current, "lane", False):
             return
         event = threading.Event()
         with self._threads_lock:

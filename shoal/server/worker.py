@@ -48,6 +48,7 @@ from shoal.core.worker.state import (
     UnserializableData,
     WorkerState,
 )
+from shoal.lanes._worker import WorkerLanes
 from shoal.plugins.worker import WorkerPlugins
 from shoal.protocol import messages as m
 from shoal.protocol.framing import Frame, ProtocolError
@@ -193,6 +194,7 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
         # fed in once it has ended, so that its result never answers the new run.
         self._deferred: dict[Any, m.ComputeTask] = {}
         self.plugins = WorkerPlugins(self)  # shoal/plugins/worker.py
+        self.lanes = WorkerLanes(self)  # clients' one-task gets sent here (shoal/lanes)
         self._output: OutputCollector | None = None  # task output (shoal/server/output.py)
         # Tiny tasks run on the loop (shoal/server/loop_tasks.py): their results, fed to
         # the state machine once the instructions that started them are carried out.
@@ -290,6 +292,7 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                 event.set()
         self.shuffle.close()  # shuffle tasks that wait end
         self.actors.close()
+        self.lanes.close()
         for _ in threads:
             self._queue.put(None)
         if self._server is not None:
@@ -464,6 +467,8 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                     self._handle(events)
                     events = []
                 self.plugins.on_message(msg)
+            elif type(msg) is m.LaneOpen or type(msg) is m.LaneClosed:
+                self.lanes.on_scheduler(msg)
             elif type(msg) is m.CloseWorker:
                 logger.info("the scheduler closes this worker: %s", msg.reason)
                 self.close_reason = msg.reason

@@ -38,6 +38,7 @@ from shoal.server import remote_run
 from shoal.server.transfers import TransferTotals
 
 if TYPE_CHECKING:
+    from shoal.lanes._worker import WorkerLanes
     from shoal.server.actors import ActorServer
     from shoal.shuffle._worker import ShuffleService
 
@@ -62,6 +63,7 @@ class WorkerTransferMixin:
     leases: DataLeases
     shuffle: ShuffleService
     actors: ActorServer
+    lanes: WorkerLanes
     _peers: ConnectionPool
     _closed: asyncio.Event
     _stimulus: itertools.count[int]
@@ -146,6 +148,8 @@ class WorkerTransferMixin:
                 remote_run.answer(conn, msg, "dask_worker", self)
             elif type(msg) is m.ActorCall:
                 self.actors.handle(conn, msg)
+            elif type(msg) is m.LaneRun:  # a client's one-task get (shoal/lanes)
+                self.lanes.on_run(conn, msg)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

@@ -25,6 +25,7 @@ from shoal.client.graph.dask_graph import (
 from shoal.client.graph.gc_pause import gc_paused
 from shoal.client.graph.order import TRIVIAL_TASKS, order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
+from shoal.lanes._client import NOT_RUN
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 from shoal.shuffle import _dask as shuffle_dask
@@ -45,6 +46,7 @@ def submit_graph(
     options: dict[str, Any] | None = None,
     placed: dict[Key, Future] | None = None,
     follow_aliases: bool = False,
+    materialized: bool = False,
 ) -> dict[Key, Future]:
     """Submit the part of ``graph`` that ``keys`` need; futures for ``keys``.
 
@@ -57,14 +59,13 @@ def submit_graph(
     futures of ``compute`` and ``persist`` may outlive their data's worker, and must stay
     recomputable from the graph alone.
 
+    With ``materialized``, ``graph`` is what :func:`_materialize` made of it.
+
     With ``follow_aliases`` (``get``: only values go back), a key that merely names
     another (an ``Alias``) is not a task: its future is the named key's, which saves a
     scheduler round trip per compute."""
     asked = list(dict.fromkeys(keys))
-    shuffle_dask.install()
-    layer_templates: dict[str, Any] = {}  # the expanded layers' templates, for the encoder
-    with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
-        dsk, by_type = materialize(graph, layer_templates)
+    dsk, by_type, layer_templates = graph if materialized else _materialize(graph)
     if _single_task(dsk, asked):
         return _submit_single_task(client, dsk, by_type, options)
     dsk = cull(dsk, asked)
@@ -142,6 +143,16 @@ def submit_graph(
     return {k: futures[targets.get(k, k)] for k in asked}
 
 
+def _materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]], dict[str, Any]]:
+    """The graph's tasks by key, its annotations by type, and its expanded layers'
+    templates (for the encoder)."""
+    shuffle_dask.install()
+    layer_templates: dict[str, Any] = {}
+    with shuffle_dask.computing():  # a shuffle lowered now is shoal's P2P
+        dsk, by_type = materialize(graph, layer_templates)
+    return dsk, by_type, layer_templates
+
+
 def _annotation_defaults(options: dict[str, Any] | None) -> dict[str, Any]:
     """The annotations every task of a submission has unless its layer says otherwise:
     ``dask.annotate``'s, then ``compute``'s options that are set."""
@@ -211,6 +222,17 @@ def _submit_single_task(
 ) -> dict[Key, Future]:
     """``submit_graph`` for a graph that :func:`_single_task` accepts: the same task spec
     (annotations, shuffle mark, duration) and submission, without the general steps."""
+    spec = _single_task_spec(client, dsk, by_type, options)
+    (future,) = client._submit_parts(iter(([spec],)), [spec.key])
+    return {spec.key: future}
+
+
+def _single_task_spec(
+    client: Client,
+    dsk: dict[Key, Any],
+    by_type: dict[str, dict[Key, Any]],
+    options: dict[str, Any] | None,
+) -> m.TaskSpec:
     ((key, node),) = dsk.items()
     defaults = _annotation_defaults(options)
     encoder = client._graph_encoder()
@@ -222,8 +244,21 @@ def _submit_single_task(
         spec.shuffle = marks.get(key)
     if hint is not None:
         spec.duration = hint
-    (future,) = client._submit_parts(iter(([spec],)), [key])
-    return {key: future}
+    return spec
+
+
+def _lane_spec(
+    client: Client,
+    dsk: dict[Key, Any],
+    by_type: dict[str, dict[Key, Any]],
+    options: dict[str, Any] | None,
+) -> m.TaskSpec | None:
+    """The task spec of a one-task graph if it may go by lane (shoal/lanes): no
+    retries, restrictions, duration or shuffle; else None."""
+    spec = _single_task_spec(client, dsk, by_type, options)
+    if spec.retries or spec.restrictions is not None or spec.duration is not None:
+        return None
+    return None if spec.shuffle is not None else spec
 
 
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -235,11 +270,23 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     if client.asynchronous:
         # The futures live until gathered (in the coroutine), then go, releasing the keys.
         return client.gather(_pack(keys, submit_graph(client, dsk, flat, options)))
+    graph, materialized = dsk, False
+    if len(flat) == 1 and client._lanes.enabled:
+        graph, materialized = _materialize(dsk), True
+        tasks, by_type, _ = graph
+        if _single_task(tasks, flat):
+            value = client._lanes.run(
+                flat[0], lambda: _lane_spec(client, tasks, by_type, options)
+            )
+            if value is not NOT_RUN:
+                return _pack(keys, {flat[0]: value})
     for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
         placed: dict[Key, Future] = {}
         futures: dict[Key, Future] = {}
         try:
-            futures = submit_graph(client, dsk, flat, options, placed, follow_aliases=True)
+            futures = submit_graph(
+                client, graph, flat, options, placed, follow_aliases=True, materialized=materialized
+            )
             return client.gather(_pack(keys, futures))
         except Exception:
             # Graph data lost with a worker during the compute: the client still has the

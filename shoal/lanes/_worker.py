@@ -1,0 +1,207 @@
+"""The worker's side of lanes: run a client's one-task get and answer the client.
+
+A lane's task runs apart from the worker's state machine (it has no record there, nor
+on the scheduler): on the loop when the loop-task rule allows it
+(``shoal/server/loop_tasks.py``), else on a thread kept for lane runs, so that it never
+waits behind the scheduler's tasks nor they behind it. It is taken only when the worker
+is idle, at most one at a time: while one runs, or while the worker runs, queues or
+fetches anything, or is paused, leaving, closing or has a lifetime or task budget, or
+a worker plugin watches transitions (which a lane's task would bypass), a run is
+declined and the client submits it through the scheduler instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+from shoal.core.worker.state import ExecuteFailure, ExecuteSuccess
+from shoal.protocol import messages as m
+from shoal.protocol.serialize import (
+    SerializationError,
+    dumps_exception,
+    dumps_value,
+    loads_task_args,
+)
+from shoal.server.loop_tasks import loop_safe_function, runs_on_loop
+
+if TYPE_CHECKING:
+    from shoal.comm.connection import Connection
+    from shoal.server.worker import Worker
+
+logger = logging.getLogger("shoal.lanes")
+
+_NO_DEPENDENCIES: dict[Any, Any] = {}  # a lane task's arguments name no other key
+
+
+class WorkerLanes:
+    """The lanes the scheduler opened on this worker, and the runs under them."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.open: dict[str, str] = {}  # lane -> its client's id
+        self.running = 0  # lane runs not answered yet (0 or 1)
+        self.runs = 0  # lane runs answered, declines not counted
+        self.declined = 0
+        self._queue: queue.SimpleQueue[tuple[Connection, m.LaneRun] | None] | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the scheduler
+
+    def on_scheduler(self, msg: m.LaneOpen | m.LaneClosed) -> None:
+        if type(msg) is m.LaneOpen:
+            self.open[msg.lane] = msg.client
+        else:
+            self.open.pop(msg.lane, None)
+
+    # ------------------------------------------------------------------ a client's run
+
+    def on_run(self, conn: Connection, msg: m.LaneRun) -> None:
+        reason = self._decline_reason(msg)
+        if reason:
+            self.declined += 1
+            conn.send(m.LaneResult(msg.request_id, "declined", reason=reason))
+            conn.flush()
+            return
+        worker = self.worker
+        if msg.functions:
+            worker.functions.add(msg.functions)
+        task = msg.task
+        self.running += 1
+        func = worker._loaded_functions.get(task.func) if worker.tiny_tasks_on_loop else None
+        if loop_safe_function(func) and runs_on_loop(
+            func, task.payload, (), lambda dts: False, lambda: _load_arguments(worker, task)
+        ):
+            worker.loop_task_count += 1
+            self._answer(conn, msg, self._run(task))
+            return
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run_thread, name="shoal-lane", daemon=True)
+            self._thread.start()
+        self._queue.put((conn, msg))
+
+    def _decline_reason(self, msg: m.LaneRun) -> str:
+        worker = self.worker
+        state = worker.state
+        if msg.lane not in self.open:
+            return f"lane {msg.lane} is not open on {worker.address}"
+        task = msg.task
+        if (
+            task.deps
+            or task.retries
+            or task.restrictions is not None
+            or task.shuffle is not None
+            or task.duration is not None
+            or not task.func
+        ):
+            return "a lane runs only a plain task with no dependencies, retries or restrictions"
+        if worker._closed.is_set() or worker.leaving or state is None:
+            return f"worker {worker.address} is leaving"
+        if worker.lifetime.limited:
+            return f"worker {worker.address} has a lifetime or task budget"
+        if state.paused:
+            return f"worker {worker.address} is paused"
+        if worker.plugins.watching:
+            return "a worker plugin watches transitions"
+        if self.running:
+            return f"worker {worker.address} runs another lane task"
+        if state.executing_count or state.seceded_count or state.ready_count:
+            return f"worker {worker.address} is busy"
+        return ""
+
+    def _run_thread(self) -> None:
+        assert self._queue is not None
+        worker = self.worker
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            conn, msg = item
+            result = self._run(msg.task, on_thread=True)
+            loop = worker._loop
+            if loop is None or loop.is_closed():
+                return
+            loop.call_soon_threadsafe(self._answer, conn, msg, result)
+            del conn, msg, result, item
+
+    def _run(self, task: m.TaskSpec, on_thread: bool = False) -> ExecuteSuccess | ExecuteFailure:
+        """The same method as a task thread's run: the same result, error and times.
+        On the lane thread, the task runs as the worker's (``get_client`` works) but
+        holds no thread slot: secede and rejoin do nothing."""
+        from shoal.server import task_thread
+
+        worker = self.worker
+        output = worker._output
+        current = task_thread._current
+        if on_thread:
+            current.worker, current.key, current.seceded = worker, task.key, False
+            current.lane = True
+        if output is not None:
+            output.begin(task.key)
+        try:
+            return worker._run_one(
+                task.key, task.func, task.payload, _NO_DEPENDENCIES.__getitem__, []
+            )
+        finally:
+            if output is not None:
+                output.end(task.key)
+            if on_thread:
+                current.worker = current.key = None
+                current.lane = False
+
+    def _answer(
+        self, conn: Connection, msg: m.LaneRun, result: ExecuteSuccess | ExecuteFailure
+    ) -> None:
+        """Answer the client first, then tell the scheduler (off the client's path)."""
+        self.running -= 1
+        self.runs += 1
+        key = msg.task.key
+        output = self.worker._output
+        printed = output.take_task(key) if output is not None else b""
+        buffers: list[memoryview] = []
+        status, nbytes = "erred", 0
+        if type(result) is ExecuteSuccess:
+            try:
+                payload, buffers = dumps_value(result.value)
+            except SerializationError as e:
+                exc = SerializationError(f"the result of {key!r} cannot be sent: {e}")
+                reply = m.LaneResult(
+                    msg.request_id, "erred", exception=dumps_exception(exc), output=printed
+                )
+            else:
+                reply = m.LaneResult(
+                    msg.request_id,
+                    "finished",
+                    payloads=[payload],
+                    type_name=result.type_name,
+                    output=printed,
+                )
+                status, nbytes = "memory", result.nbytes
+        else:
+            assert type(result) is ExecuteFailure
+            reply = m.LaneResult(
+                msg.request_id,
+                "erred",
+                exception=result.exception,
+                traceback=result.traceback,
+                output=printed,
+            )
+        start, stop = result.start, result.stop
+        del result
+        conn.send(reply, buffers)
+        conn.flush()
+        scheduler = self.worker.scheduler
+        if scheduler is not None:
+            scheduler.send(m.LaneRan(msg.lane, key, status, start, stop, nbytes))
+
+    def close(self) -> None:
+        self.open.clear()
+        if self._queue is not None:
+            self._queue.put(None)
+
+
+def _load_arguments(worker: Worker, task: m.TaskSpec) -> Any:
+    return loads_task_args(task.payload, _NO_DEPENDENCIES.__getitem__, worker._function)

@@ -2,7 +2,8 @@
 or another placement rule with ``--rule``.
 
     python benchmarks/packing_ab.py [--repeat 30] [--only array_sum,matmul] [--quick]
-        [--latency 0.002] [--rule packing|ahead-data|order-cache|worker-batch] [--pause 0]
+        [--latency 0.002] [--rule packing|ahead-data|order-cache|worker-batch|lanes]
+        [--pause 0]
 
 The interactive cells on one shoal cluster (two worker processes of one thread) and
 dask's sync scheduler in this process. Per round each cell is computed three ways, in
@@ -22,7 +23,9 @@ nothing. ``--rule worker-batch`` is not a rule of shoal's but of Linux: every th
 both worker processes under ``SCHED_BATCH`` ("on": a worker woken up never preempts the
 process running, the scheduler or the client) or the default ``SCHED_OTHER`` ("off"),
 set from this process with ``os.sched_setscheduler``. Tried for shoal's workers and not
-kept: PROFILE-interactive.md, section 9.
+kept: PROFILE-interactive.md, section 9. ``--rule lanes`` switches the client's lanes
+(shoal/lanes): "on", a one-task get goes straight to the worker the scheduler granted;
+"off", through the scheduler.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency", type=float, default=TRANSFER_LATENCY, help="seconds, packing on")
     p.add_argument(
         "--rule",
-        choices=("packing", "ahead-data", "order-cache", "worker-batch"),
+        choices=("packing", "ahead-data", "order-cache", "worker-batch", "lanes"),
         default="packing",
     )
     args = p.parse_args(argv)
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                     client.run_on_scheduler(set_ahead_data, way == on)
                 elif args.rule == "worker-batch":
                     set_worker_policy(workers, os.SCHED_BATCH if way == on else os.SCHED_OTHER)
+                elif args.rule == "lanes":
+                    client._lanes.enabled = way == on
                 else:
                     client._orders = orders[way]
                 config = {"scheduler": client.get}

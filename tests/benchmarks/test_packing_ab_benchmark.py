@@ -14,6 +14,7 @@ from benchmark_script import run_script
         ("ahead-data", ["merge"], "on", "off"),
         ("order-cache", ["array_sum"], "on", "off"),
         ("worker-batch", ["array_sum"], "on", "off"),
+        ("lanes", ["delayed_sum"], "on", "off"),
     ],
 )
 def test_packing_ab_tiny(rule: str, cells: list[str], on: str, off: str):

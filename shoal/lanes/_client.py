@@ -89,10 +89,13 @@ class LaneChannel:
             raise ConnectionError(f"{self.address} did not welcome a lane connection: {why}")
 
     def _read(self) -> list[Any]:
-        data = self._sock.recv(1 << 16)
-        if not data:
+        # Into the decoder's own buffer: a large value is received in place, as on the
+        # loop's connections (FrameDecoder's BufferedProtocol pair), not copied after.
+        decoder = self._decoder
+        n = self._sock.recv_into(decoder.get_buffer())
+        if not n:
             raise ConnectionError(f"{self.address} closed the lane connection")
-        return self._decoder.feed(data)
+        return decoder.buffer_updated(n)
 
     def exchange(
         self, msg: m.LaneRun, gone: Callable[[], bool]

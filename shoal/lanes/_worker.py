@@ -3,11 +3,9 @@
 A lane's task runs apart from the worker's state machine (it has no record there, nor
 on the scheduler): on the loop when the loop-task rule allows it
 (``shoal/server/loop_tasks.py``), else on a thread kept for lane runs, so that it never
-waits behind the scheduler's tasks nor they behind it. It is taken only when the worker
-is idle, at most one at a time: while one runs, or while the worker runs, queues or
-fetches anything, or is paused, leaving, closing or has a lifetime or task budget, or
-a worker plugin watches transitions (which a lane's task would bypass), a run is
-declined and the client submits it through the scheduler instead.
+waits behind the scheduler's tasks nor they behind it. Whether the worker takes a run
+is decided by ``shoal/core/worker/lanes.py`` (only when idle, one at a time); a declined
+run is submitted by the client through the scheduler instead.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+from shoal.core.worker.lanes import lane_decline_reason
 from shoal.core.worker.state import ExecuteFailure, ExecuteSuccess
 from shoal.protocol import messages as m
 from shoal.protocol.serialize import (
@@ -85,32 +84,16 @@ class WorkerLanes:
 
     def _decline_reason(self, msg: m.LaneRun) -> str:
         worker = self.worker
-        state = worker.state
-        if msg.lane not in self.open:
-            return f"lane {msg.lane} is not open on {worker.address}"
-        task = msg.task
-        if (
-            task.deps
-            or task.retries
-            or task.restrictions is not None
-            or task.shuffle is not None
-            or task.duration is not None
-            or not task.func
-        ):
-            return "a lane runs only a plain task with no dependencies, retries or restrictions"
-        if worker._closed.is_set() or worker.leaving or state is None:
-            return f"worker {worker.address} is leaving"
-        if worker.lifetime.limited:
-            return f"worker {worker.address} has a lifetime or task budget"
-        if state.paused:
-            return f"worker {worker.address} is paused"
-        if worker.plugins.watching:
-            return "a worker plugin watches transitions"
-        if self.running:
-            return f"worker {worker.address} runs another lane task"
-        if state.executing_count or state.seceded_count or state.ready_count:
-            return f"worker {worker.address} is busy"
-        return ""
+        return lane_decline_reason(
+            worker.state,
+            msg.task,
+            lane=msg.lane,
+            lane_open=msg.lane in self.open,
+            running=self.running,
+            leaving=worker._closed.is_set() or bool(worker.leaving),
+            limited=worker.lifetime.limited,
+            watched=worker.plugins.watching,
+        )
 
     def _run_thread(self) -> None:
         assert self._queue is not None

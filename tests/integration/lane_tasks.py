@@ -60,3 +60,13 @@ def nested_get(x: int) -> int:
 
     client = get_client()
     return int(dask.delayed(double)(x).compute(scheduler=client.get)) + 1
+
+
+def big_bytes(n: int) -> bytes:
+    return bytes(range(256)) * (n // 256)
+
+
+def big_array(n: int) -> Any:
+    import numpy as np
+
+    return np.arange(n, dtype="float64")

@@ -15,7 +15,17 @@ from typing import Any
 import dask
 import msgspec
 import pytest
-from lane_tasks import block_until, chatty, double, fail, first_run_hangs, nested_get, ran_where
+from lane_tasks import (
+    big_array,
+    big_bytes,
+    block_until,
+    chatty,
+    double,
+    fail,
+    first_run_hangs,
+    nested_get,
+    ran_where,
+)
 from plugin_helpers import SchedulerRecorder
 
 from shoal import Client, LocalCluster
@@ -97,6 +107,17 @@ def test_values_and_errors_are_those_of_the_scheduler_path(lanes_client: Client)
         outcomes[lanes] = got
         assert client._lanes.runs == runs + (3 if lanes else 0)
     assert outcomes[True] == outcomes[False] == [42, 6, ValueError]
+
+
+def test_large_values_come_back_whole(lanes_client: Client) -> None:
+    client = lanes_client
+    granted(client)
+    runs = client._lanes.runs
+    data = lane_get(client, big_bytes, 64 << 20)
+    assert type(data) is bytes and len(data) == 64 << 20 and data[:512] == bytes(range(256)) * 2
+    array = lane_get(client, big_array, 3_000_000)
+    assert array.shape == (3_000_000,) and array[-1] == 2_999_999.0 and array.flags.writeable
+    assert client._lanes.runs == runs + 2
 
 
 def test_output_and_warnings_reach_the_caller(

@@ -114,6 +114,16 @@ class _SchedulerCollector:
             "Executions recorded in the task stream",
             value=state.task_stream.count,
         )
+        yield GaugeMetricFamily(
+            "shoal_scheduler_lanes",
+            "Lanes open (a client's one-task gets sent straight to a worker)",
+            value=len(state.lanes),
+        )
+        yield CounterMetricFamily(
+            "shoal_scheduler_lane_runs",
+            "Tasks run by lane, as the workers reported them",
+            value=state.lane_runs,
+        )
         yield from _loop_metrics("shoal_scheduler", s.loop_latency)
         yield from _traffic_metrics("shoal_scheduler", s.traffic)
 
@@ -194,6 +204,14 @@ class _WorkerCollector:
             yield memory
             yield from _spill_metrics(spill)
         yield from self._transfers()
+        yield CounterMetricFamily(
+            "shoal_worker_lane_runs", "Tasks run by lane and answered", value=w.lanes.runs
+        )
+        yield CounterMetricFamily(
+            "shoal_worker_lane_declined",
+            "Runs by lane declined (busy, paused, limited, lane not open)",
+            value=w.lanes.declined,
+        )
         yield from _loop_metrics("shoal_worker", w.loop_latency)
         yield from _traffic_metrics("shoal_worker", w.traffic)
 

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import dask
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tasks import wait_for_file
@@ -106,7 +107,10 @@ def test_metrics_match_what_the_client_is_told(spawn: Spawn, tmp_path: Path) -> 
         states = client.task_prefixes()[prefix]["states"]
         summary = client.scheduler_info()["summary"]
         for state, n in states.items():
-            assert value(running, "shoal_scheduler_prefix_tasks", task_prefix_name=prefix, state=state) == n
+            assert (
+                value(running, "shoal_scheduler_prefix_tasks", task_prefix_name=prefix, state=state)
+                == n
+            )
         for state, n in summary["tasks"].items():
             assert value(running, "dask_scheduler_tasks", state=state) == n
         assert value(running, "dask_scheduler_workers", state="busy") == 2
@@ -118,22 +122,49 @@ def test_metrics_match_what_the_client_is_told(spawn: Spawn, tmp_path: Path) -> 
         prefixes = client.task_prefixes()
         done = scrape(metrics_url)
         workers = info["workers"]
-        assert sum(
-            value(done, "dask_scheduler_workers", state=s)
-            for s in ("idle", "busy", "paused", "retiring")
-        ) == info["n_workers"] == 2
+        assert (
+            sum(
+                value(done, "dask_scheduler_workers", state=s)
+                for s in ("idle", "busy", "paused", "retiring")
+            )
+            == info["n_workers"]
+            == 2
+        )
         assert value(done, "dask_scheduler_workers", state="idle") == 2
         assert value(done, "dask_scheduler_clients") == 1
-        assert value(done, "shoal_scheduler_threads") == sum(w["nthreads"] for w in workers.values())
-        assert value(done, "dask_scheduler_tasks", state="memory") == info["summary"]["tasks"]["memory"] == 7
+        assert value(done, "shoal_scheduler_threads") == sum(
+            w["nthreads"] for w in workers.values()
+        )
+        assert (
+            value(done, "dask_scheduler_tasks", state="memory")
+            == info["summary"]["tasks"]["memory"]
+            == 7
+        )
         for name, counters in prefixes.items():
             labels = {"task_prefix_name": name}
             n_done = counters["states"]["memory"]
-            assert value(done, "dask_scheduler_prefix_state_totals_total", state="memory", **labels) == n_done
-            assert value(done, "shoal_scheduler_tasks_compute_count_total", **labels) == counters["duration_count"] == n_done
-            assert value(done, "dask_scheduler_tasks_compute_seconds_total", **labels) == pytest.approx(counters["duration_sum"])
+            assert (
+                value(done, "dask_scheduler_prefix_state_totals_total", state="memory", **labels)
+                == n_done
+            )
+            assert (
+                value(done, "shoal_scheduler_tasks_compute_count_total", **labels)
+                == counters["duration_count"]
+                == n_done
+            )
+            assert value(
+                done, "dask_scheduler_tasks_compute_seconds_total", **labels
+            ) == pytest.approx(counters["duration_sum"])
             assert value(done, "dask_scheduler_tasks_output_bytes", **labels) == counters["nbytes"]
-        assert value(done, "dask_scheduler_prefix_state_totals_total", task_prefix_name=prefix, state="processing") >= 6
+        assert (
+            value(
+                done,
+                "dask_scheduler_prefix_state_totals_total",
+                task_prefix_name=prefix,
+                state="processing",
+            )
+            >= 6
+        )
         assert value(done, "shoal_scheduler_task_stream_records_total") == 7
         assert value(done, "shoal_scheduler_open_connections") == 3  # two workers, one client
         assert value(done, "shoal_scheduler_received_messages_total") > 7
@@ -154,10 +185,30 @@ def test_metrics_match_what_the_client_is_told(spawn: Spawn, tmp_path: Path) -> 
             incoming += value(samples, "shoal_worker_transfer_incoming_bytes_total")
             # the heartbeat carries the same totals to the scheduler (scheduler_info)
             got = value(samples, "shoal_worker_transfer_incoming_bytes_total")
-            wait_until(lambda a=addr, g=got: client.scheduler_info()["workers"][a]["transferred_in"] == g)
+            wait_until(
+                lambda a=addr, g=got: client.scheduler_info()["workers"][a]["transferred_in"] == g
+            )
             sent = value(samples, "dask_worker_transfer_outgoing_bytes_total")
-            wait_until(lambda a=addr, s=sent: client.scheduler_info()["workers"][a]["transferred_out"] >= s)
+            wait_until(
+                lambda a=addr, s=sent: client.scheduler_info()["workers"][a]["transferred_out"] >= s
+            )
         assert incoming > 0  # the sum fetched the results the other worker held
+
+        # A one-task get by lane (shoal/lanes): counted by the worker that ran it and,
+        # from its report, by the scheduler.
+        def by_lane() -> bool:
+            assert dask.delayed(count)(1, 2).compute(scheduler=client.get) == 2
+            return client._lanes.runs > 0
+
+        wait_until(by_lane)
+        runs = client._lanes.runs
+        assert value(scrape(metrics_url), "shoal_scheduler_lanes") == 1
+        wait_until(lambda: value(scrape(metrics_url), "shoal_scheduler_lane_runs_total") == runs)
+        worker_runs = sum(
+            value(scrape(w["http_address"] + "/metrics"), "shoal_worker_lane_runs_total")
+            for w in workers.values()
+        )
+        assert worker_runs == runs
 
 
 def _get(url: str, token: str | None = None) -> int:

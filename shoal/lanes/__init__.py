@@ -26,7 +26,9 @@ A lane changes only the path, never a result: the task has no record on the sche
 and no future, its value goes back to the caller only, and if the run is declined,
 the connection breaks or the worker dies, the client submits the same task through the
 scheduler (tasks are pure, as everywhere in Dask: running one twice is safe). The
-worker reports each run (``LaneRan``) for the task stream and the task's durations.
+worker reports its runs (``LaneRan``, those of each 10 ms together, so that the
+scheduler is not woken while the client takes its answer) for the task stream and the
+tasks' durations.
 
 ``shoal.client.lanes: false`` turns lanes off for a client.
 """

@@ -10,6 +10,7 @@ run is submitted by the client through the scheduler instead.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.core.worker.lanes import lane_decline_reason
 from shoal.core.worker.state import ExecuteFailure, ExecuteSuccess
 from shoal.protocol import messages as m
+from shoal.protocol.framing import ProtocolError
 from shoal.protocol.serialize import (
     SerializationError,
     dumps_exception,
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("shoal.lanes")
 
 _NO_DEPENDENCIES: dict[Any, Any] = {}  # a lane task's arguments name no other key
+# Runs are reported to the scheduler this long after the first unreported one, together:
+# the scheduler is not woken while the client takes its answer (on a small machine they
+# would share a CPU), and a burst of gets costs it one frame.
+REPORT_DELAY = 0.01
 
 
 class WorkerLanes:
@@ -46,6 +52,8 @@ class WorkerLanes:
         self.declined = 0
         self._queue: queue.SimpleQueue[tuple[Connection, m.LaneRun] | None] | None = None
         self._thread: threading.Thread | None = None
+        self._reports: list[m.LaneRan] = []  # runs answered, not reported yet
+        self._report_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ the scheduler
 
@@ -174,14 +182,33 @@ class WorkerLanes:
             )
         start, stop = result.start, result.stop
         del result
-        conn.send(reply, buffers)
-        conn.flush()
+        try:
+            conn.send(reply, buffers)
+            conn.flush()
+        except ProtocolError as e:  # e.g. more buffers than a frame may carry
+            exc = SerializationError(f"the result of {key!r} cannot be sent: {e}")
+            conn.send(m.LaneResult(msg.request_id, "erred", exception=dumps_exception(exc)))
+            conn.flush()
+            status, nbytes = "erred", 0
+        self._reports.append(m.LaneRan(msg.lane, key, status, start, stop, nbytes))
+        loop = self.worker._loop
+        if self._report_timer is None and loop is not None:
+            self._report_timer = loop.call_later(REPORT_DELAY, self._report)
+
+    def _report(self) -> None:
+        """Tell the scheduler of the runs since the last report, in one frame."""
+        self._report_timer = None
+        reports, self._reports = self._reports, []
         scheduler = self.worker.scheduler
         if scheduler is not None:
-            scheduler.send(m.LaneRan(msg.lane, key, status, start, stop, nbytes))
+            for report in reports:
+                scheduler.send(report)
 
     def close(self) -> None:
         self.open.clear()
+        if self._report_timer is not None:
+            self._report_timer.cancel()
+            self._report()
         if self._queue is not None:
             self._queue.put(None)
 

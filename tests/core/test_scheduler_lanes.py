@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import W1, W2, W3, Sim
 
+from shoal.core.scheduler.model import TaskPrefix
 from shoal.protocol.messages import (
     CloseWorker,
     LaneClosed,
@@ -73,6 +74,13 @@ def closed_because(
     (msg,) = msgs
     assert msg.lane == lane and reason_part in msg.reason, msg
     assert gone is None or msg.gone is gone, msg
+
+
+def prefix_with_a_run(sim: Sim) -> TaskPrefix:
+    """The prefix "inc", known to the scheduler from one task run through it."""
+    sim.submit({"inc-1": []})
+    sim.finish("inc-1")
+    return sim.s.prefixes["inc"]
 
 
 # --- granting ----------------------------------------------------------------------------
@@ -483,9 +491,7 @@ def test_a_lane_run_of_an_unknown_prefix_creates_no_task_group_or_prefix():
 
 def test_an_erred_lane_run_is_in_the_stream_but_not_in_the_durations():
     sim = Sim({W1: 1})
-    sim.submit({"inc-1": []})
-    sim.finish("inc-1")
-    prefix = sim.s.prefixes["inc"]
+    prefix = prefix_with_a_run(sim)
     count, total = prefix.duration_count, prefix.duration_sum
     cursor, _ = sim.s.task_stream.since(0)
     sim.s.handle_worker(W1, LaneRan("lane-9", "inc-2", "erred", 1.0, 2.0))
@@ -497,9 +503,7 @@ def test_an_erred_lane_run_is_in_the_stream_but_not_in_the_durations():
 
 def test_a_lane_run_whose_clock_went_back_adds_no_duration():
     sim = Sim({W1: 1})
-    sim.submit({"inc-1": []})
-    sim.finish("inc-1")
-    prefix = sim.s.prefixes["inc"]
+    prefix = prefix_with_a_run(sim)
     count = prefix.duration_count
     sim.s.handle_worker(W1, LaneRan("lane-1", "inc-2", "memory", 10.0, 9.0))
     assert prefix.duration_count == count and sim.s.lane_runs == 1
@@ -525,9 +529,7 @@ def test_lane_runs_are_counted_whatever_their_lane_became():
 
 def test_a_lane_run_with_an_unknown_status_is_refused():
     sim = Sim({W1: 1})
-    sim.submit({"inc-1": []})
-    sim.finish("inc-1")
-    prefix = sim.s.prefixes["inc"]
+    prefix = prefix_with_a_run(sim)
     count = prefix.duration_count
     cursor = sim.s.task_stream.count
     with pytest.raises(TypeError, match="unknown lane run status 'finished'"):

@@ -19,8 +19,11 @@ The rules, and where each is decided:
   restrictions, resources, duration or shuffle, whose key this client holds no future
   of, and whose encoding is small. Anything else, and every declined or failed run,
   goes through the scheduler as before.
-* The worker decides whether to take it (``_worker.py``): only when idle, at most one
-  at a time, and not while paused, leaving, limited or watched by a worker plugin.
+* The worker decides whether to take it (``shoal/core/worker/lanes.py``): only when
+  idle, at most one at a time, and not while paused, leaving, limited or watched by a
+  worker plugin. A run that goes on past 50 ms is announced (``LaneBusy``) and counts as
+  a busy thread in the scheduler's placement until its report: a long task by lane
+  does not make its worker look idle.
 
 A lane changes only the path, never a result: the task has no record on the scheduler
 and no future, its value goes back to the caller only, and if the run is declined,

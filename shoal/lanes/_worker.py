@@ -5,7 +5,9 @@ on the scheduler): on the loop when the loop-task rule allows it
 (``shoal/server/loop_tasks.py``), else on a thread kept for lane runs, so that it never
 waits behind the scheduler's tasks nor they behind it. Whether the worker takes a run
 is decided by ``shoal/core/worker/lanes.py`` (only when idle, one at a time); a declined
-run is submitted by the client through the scheduler instead.
+run is submitted by the client through the scheduler instead. A run on the thread that
+goes on past ``BUSY_AFTER`` is announced to the scheduler (``LaneBusy``), which counts a
+thread of this worker busy until the run's report.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ _NO_DEPENDENCIES: dict[Any, Any] = {}  # a lane task's arguments name no other k
 # the scheduler is not woken while the client takes its answer (on a small machine they
 # would share a CPU), and a burst of gets costs it one frame.
 REPORT_DELAY = 0.01
+# A run on the lane thread still going after this long is announced to the scheduler
+# (LaneBusy), which then counts a thread of this worker busy until the run's report.
+BUSY_AFTER = 0.05
 
 
 class WorkerLanes:
@@ -54,6 +59,7 @@ class WorkerLanes:
         self._thread: threading.Thread | None = None
         self._reports: list[m.LaneRan] = []  # runs answered, not reported yet
         self._report_timer: asyncio.TimerHandle | None = None
+        self._busy_timer: asyncio.TimerHandle | None = None  # a thread run's LaneBusy
 
     # ------------------------------------------------------------------ the scheduler
 
@@ -89,6 +95,9 @@ class WorkerLanes:
             self._thread = threading.Thread(target=self._run_thread, name="shoal-lane", daemon=True)
             self._thread.start()
         self._queue.put((conn, msg))
+        loop = worker._loop
+        if loop is not None:  # a run that goes on counts as a busy thread (LaneBusy)
+            self._busy_timer = loop.call_later(BUSY_AFTER, self._announce, msg)
 
     def _decline_reason(self, msg: m.LaneRun) -> str:
         worker = self.worker
@@ -143,10 +152,21 @@ class WorkerLanes:
                 current.worker = current.key = None
                 current.lane = False
 
+    def _announce(self, msg: m.LaneRun) -> None:
+        """The run of ``msg`` has gone on for BUSY_AFTER: the scheduler counts a thread
+        of this worker busy until its LaneRan (which follows on the same connection)."""
+        self._busy_timer = None
+        scheduler = self.worker.scheduler
+        if scheduler is not None:
+            scheduler.send(m.LaneBusy(msg.lane, msg.task.key))
+
     def _answer(
         self, conn: Connection, msg: m.LaneRun, result: ExecuteSuccess | ExecuteFailure
     ) -> None:
         """Answer the client first, then tell the scheduler (off the client's path)."""
+        if self._busy_timer is not None:
+            self._busy_timer.cancel()
+            self._busy_timer = None
         self.running -= 1
         self.runs += 1
         key = msg.task.key
@@ -206,6 +226,8 @@ class WorkerLanes:
 
     def close(self) -> None:
         self.open.clear()
+        if self._busy_timer is not None:
+            self._busy_timer.cancel()
         if self._report_timer is not None:
             self._report_timer.cancel()
             self._report()

@@ -70,6 +70,7 @@ from shoal.protocol.message_families.handshake import (
     Welcome,
 )
 from shoal.protocol.message_families.lanes import (
+    LaneBusy,
     LaneClosed,
     LaneGrant,
     LaneOpen,
@@ -192,7 +193,8 @@ from shoal.protocol.message_families.tasks import (
 # 16: results inline: ComputeTask.client_wants (the worker inlines a small result of a
 #    key a client wants), KeyInMemory.who_has (the client fetches without WhoHas).
 # 17: lanes (LaneRequest, LaneGrant, LaneOpen, LaneClosed, LaneRun, LaneResult,
-#    LaneRan): a one-task get sent by the client to a worker the scheduler granted it.
+#    LaneRan, LaneBusy): a one-task get sent by the client to a worker the scheduler
+#    granted it.
 PROTOCOL_VERSION = 17
 
 AnyMessage = (
@@ -291,6 +293,7 @@ AnyMessage = (
     | LaneRun
     | LaneResult
     | LaneRan
+    | LaneBusy
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__
@@ -338,6 +341,7 @@ __all__ = [
     "KeyErred",
     "KeyInMemory",
     "KeyUnserializable",
+    "LaneBusy",
     "LaneClosed",
     "LaneGrant",
     "LaneOpen",

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shoal.core.comm import RecordingComm
+from shoal.core.scheduler.lanes import is_lane_run
 from shoal.core.scheduler.model import TaskState, WorkerRecord
 from shoal.core.scheduler.state import SchedulerState
 from shoal.protocol.messages import (
@@ -181,10 +182,12 @@ class Sim:
         self.s.handle_worker(self.worker_of(key), MissingData(key, list(missing), sid))
 
     def drain_all(self) -> None:
-        """Every worker answers for every released task its threads were running."""
+        """Every worker answers for every released task its threads were running (not
+        for lanes' runs, which end with their own report)."""
         for address, ws in list(self.s.workers.items()):
             for key, n in list(ws.draining.items()):
-                self.drained(address, *[key] * n)
+                if not is_lane_run(key):
+                    self.drained(address, *[key] * n)
 
     def run_all(self, limit: int = 10_000) -> list[Key]:
         """Finish processing tasks (in key order) until none is left, the workers

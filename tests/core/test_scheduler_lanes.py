@@ -11,6 +11,7 @@ from scheduler_harness import W1, W2, W3, Sim
 from shoal.core.scheduler.model import TaskPrefix
 from shoal.protocol.messages import (
     CloseWorker,
+    LaneBusy,
     LaneClosed,
     LaneGrant,
     LaneOpen,
@@ -557,3 +558,35 @@ def test_lane_messages_from_the_wrong_side_are_refused():
         with pytest.raises(TypeError, match="may not send"):
             sim.s.handle_worker(W1, msg)
     assert not sim.s.lanes and sim.s.lane_runs == 0
+
+
+# --- a run that goes on counts as a busy thread ----------------------------------------
+
+
+def test_a_run_announced_busy_takes_a_thread_until_its_report():
+    sim = Sim({W1: 1, W2: 1})
+    grant = granted(sim)
+    ws = sim.ws(grant.worker)
+    assert ws in sim.s.free_workers
+    sim.s.handle_worker(grant.worker, LaneBusy(grant.lane, "train-1"))
+    assert (ws.ndraining, ws.slot_threads) == (1, 0) and ws not in sim.s.free_workers
+    # Root tasks submitted meanwhile go to the other worker's thread, or wait for one.
+    sim.clear()
+    sim.submit({"inc-1": [], "inc-2": []})
+    assert sim.computes(grant.worker) == [] and sim.on(grant.worker) == set()
+    other = W2 if grant.worker == W1 else W1
+    assert len(sim.on(other)) == 2  # (one runs, one waits its turn there)
+    sim.s.handle_worker(grant.worker, LaneRan(grant.lane, "train-1", "memory", 0.0, 9.0))
+    assert (ws.ndraining, ws.slot_threads) == (0, 1)
+    assert sim.s.lane_runs == 1
+
+
+def test_a_report_without_an_announcement_frees_nothing():
+    sim = Sim({W1: 2})
+    grant = granted(sim)
+    ws = sim.ws(W1)
+    sim.s.handle_worker(W1, LaneBusy(grant.lane, "a-1"))
+    sim.s.handle_worker(W1, LaneRan(grant.lane, "a-2", "memory", 0.0, 0.1))  # another run
+    assert ws.ndraining == 1
+    sim.s.handle_worker(W1, LaneRan(grant.lane, "a-1", "memory", 0.0, 0.1))
+    assert ws.ndraining == 0 and ws.slot_threads == 2

@@ -35,9 +35,11 @@ from hypothesis.stateful import (
 from scheduler_harness import Sim, addr
 from sizes import sized
 
+from shoal.core.scheduler.model import WorkerRecord
 from shoal.protocol.messages import (
     AddKeys,
     CopyKeys,
+    LaneBusy,
     LaneClosed,
     LaneGrant,
     LaneOpen,
@@ -81,6 +83,8 @@ class LanesMachine(RuleBasedStateMachine):
         self.told_gone: set[str] = set()  # lanes whose client was told their worker left
         self.asked: dict[str, int] = {}  # client -> the request id it waits an answer to
         self.copies: list[tuple[str, str, int]] = []  # (to, key, nbytes) asked by CopyKeys
+        self.busy: list[tuple[WorkerRecord, str, str]] = []  # (worker, lane, key) announced
+        self.nbusy = 0
         self.ntasks = 0
         self.nrequests = 0
 
@@ -256,6 +260,36 @@ class LanesMachine(RuleBasedStateMachine):
         if tp is not None:
             added = status == "memory" and msg.stop >= msg.start
             assert tp.duration_count == durations + added
+
+    @precondition(lambda self: self.s.workers)
+    @rule(i=st.integers(0, 10**6))
+    def lane_run_goes_on(self, i):
+        """A worker announces a lane run that goes on: one more of its threads busy."""
+        address = self.worker(i)
+        ws = self.s.workers[address]
+        lanes = sorted(self.worker_lanes.get(address, {})) or ["lane-none"]
+        self.nbusy += 1  # (each run its own key: a report names one run only)
+        lane, key = lanes[i % len(lanes)], f"long-{self.nbusy}"
+        before = ws.ndraining
+        self.s.handle_worker(address, LaneBusy(lane, key))
+        assert ws.ndraining == before + 1 and ws.slot_threads == max(0, ws.nthreads - before - 1)
+        if ws.slot_threads == 0:
+            assert ws not in self.s.free_workers
+        self.busy.append((ws, lane, key))
+
+    @precondition(lambda self: self.busy)
+    @rule(i=st.integers(0, 10**6))
+    def long_lane_run_ends(self, i):
+        """Its report frees the thread again (if its worker is still there, the same one:
+        an address that came back is another worker, which counted nothing of it)."""
+        ws, lane, key = self.busy.pop(i % len(self.busy))
+        now = self.s.workers.get(ws.address)
+        before = ws.ndraining, now.ndraining if now is not None else 0
+        self.s.handle_worker(ws.address, LaneRan(lane, key, "memory", 0.0, 1.0))
+        if now is ws:
+            assert ws.ndraining == before[0] - 1
+        elif now is not None:  # another worker at that address: it counted nothing of it
+            assert now.ndraining == before[1]
 
     @precondition(lambda self: self.s.workers)
     @rule(i=st.integers(0, 10**6))

@@ -150,6 +150,31 @@ def test_a_busy_worker_declines_and_the_get_goes_through_the_scheduler(
     assert blocker.result(timeout=30) == "released"
 
 
+def test_a_long_run_by_lane_counts_as_a_busy_thread(lanes_client: Client, stop_file: Path) -> None:
+    """While a lane's task runs long on its worker, the scheduler sends that worker no
+    queued work: it counts the thread busy (LaneBusy), as a task of its own."""
+    client = lanes_client
+    _, worker = granted(client)
+    pids = client.run(os.getpid)
+    started = stop_file.with_name("started")
+    result: list[Any] = []
+    caller = threading.Thread(
+        target=lambda: result.append(lane_get(client, block_until, str(started), str(stop_file)))
+    )
+    caller.start()
+    try:
+        wait_until(started.exists, what="the lane run to start")
+        assert int(started.read_text()) == pids[worker]
+        time.sleep(0.3)  # past the worker's BUSY_AFTER: announced
+        futures = client.map(ran_where, range(8), pure=False)
+        ran_on = {pid for pid, _ in client.gather(futures)}
+        assert ran_on == {pids[w] for w in pids if w != worker}
+    finally:
+        stop_file.touch()
+        caller.join(30)
+    assert result == ["released"] and client._lanes.runs >= 1
+
+
 def test_a_task_of_the_lane_may_compute_through_its_worker_client(lanes_client: Client) -> None:
     client = lanes_client
     granted(client)

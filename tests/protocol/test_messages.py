@@ -340,6 +340,7 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         reason="worker tcp://w:1 is busy",
         output=b"\x91\x92\xa6stdout\xa2hi",
     ),
+    m.LaneBusy: m.LaneBusy(lane="lane-3", key=("sum", 1)),
     m.LaneRan: m.LaneRan(
         lane="lane-3", key=("sum", 1), status="erred", start=1.5, stop=2.0, nbytes=28
     ),

@@ -24,18 +24,37 @@ each client per worker is kept for this until the worker goes or the client leav
 
 What a worker reports of a lane's run (``LaneRan``) feeds the task stream and the
 prefix's durations only: direct tasks have no task record, no future on the
-scheduler, and nothing to recompute.
+scheduler, and nothing to recompute. A worker takes a run only when idle, and a tiny
+one is over in microseconds; one that goes on is announced (``LaneBusy``) and counts a
+thread of its worker busy, as a thread still running a released task does (placement's
+draining count), until its ``LaneRan``: placement and stealing then see the thread as
+taken, and the worker gets no more queued work than its other threads can take.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 from shoal.core.comm import Comm
 from shoal.core.scheduler.model import ClientRecord, TaskPrefix, WorkerRecord, key_split
 from shoal.core.scheduler.task_stream import TaskStream
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
+from shoal.protocol.messages import Key
+
+_RUN_MARK = "shoal-lane-run"
+
+
+def _run_marker(lane: str, key: Key) -> Key:
+    """What a lane's run busy on a worker is counted under in its draining threads
+    (beside released tasks' keys, which never take this shape)."""
+    return (_RUN_MARK, lane, repr(key))
+
+
+def is_lane_run(key: Key) -> bool:
+    """Whether a draining thread's key is a lane's run (not a released task)."""
+    return type(key) is tuple and len(key) == 3 and key[0] == _RUN_MARK
 
 
 class LaneRecord:
@@ -58,6 +77,11 @@ class Lanes:
     runnable: dict[str, WorkerRecord]
     prefixes: dict[str, TaskPrefix]
     task_stream: TaskStream
+
+    if TYPE_CHECKING:
+
+        def _drain(self, ws: WorkerRecord, key: Key) -> None: ...
+        def _drained(self, ws: WorkerRecord, key: Key) -> bool: ...
 
     def _init_lanes(self) -> None:
         self.lanes: dict[str, LaneRecord] = {}
@@ -163,12 +187,16 @@ class Lanes:
 
     # ------------------------------------------------------------------ runs reported
 
+    def _lane_busy(self, ws: WorkerRecord, msg: m.LaneBusy) -> None:
+        self._drain(ws, _run_marker(msg.lane, msg.key))
+
     def _lane_ran(self, ws: WorkerRecord, msg: m.LaneRan) -> None:
         """Bookkeeping only: the task stream, and the prefix's durations if the prefix
         is known (a run creates no group or prefix of its own)."""
         if msg.status not in ("memory", "erred"):
             raise TypeError(f"unknown lane run status {msg.status!r}")
         self.lane_runs += 1
+        self._drained(ws, _run_marker(msg.lane, msg.key))  # (if announced busy)
         name = msg.key[0] if type(msg.key) is tuple and msg.key else msg.key
         group = str(name)
         prefix_name = key_split(group)

@@ -309,6 +309,7 @@ class SchedulerState(
         m.StealReply: Stealing._steal_reply,
         m.TaskOutput: OutputRouting._task_output,
         m.LaneRan: Lanes._lane_ran,
+        m.LaneBusy: Lanes._lane_busy,
     }
 
     def handle_worker(self, address: str, *msgs: m.Message) -> None:

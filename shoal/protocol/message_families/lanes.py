@@ -4,7 +4,8 @@ after (see ``shoal/lanes/__init__.py`` for the design and its rules).
 The scheduler grants a client a lane (``LaneRequest`` -> ``LaneGrant``) and tells the
 worker (``LaneOpen``); either side is told when it closes (``LaneClosed``). The client
 sends ``LaneRun`` to the worker, which answers ``LaneResult`` (or declines) and then
-reports ``LaneRan`` to the scheduler, for the task stream and the durations.
+reports ``LaneRan`` to the scheduler, for the task stream and the durations; a run that
+goes on for a while is announced (``LaneBusy``), so that it counts as a busy thread.
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ class LaneResult(Message):
 
 
 # --- worker -> scheduler -------------------------------------------------------------
+
+
+class LaneBusy(Message):
+    """A run of ``key`` under ``lane`` has gone on for a while (it is no tiny task): the
+    scheduler counts a thread of the worker busy until the run's ``LaneRan``."""
+
+    lane: str
+    key: Key
 
 
 class LaneRan(Message):

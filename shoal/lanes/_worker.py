@@ -13,6 +13,7 @@ thread of this worker busy until the run's report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -28,7 +29,8 @@ from shoal.protocol.serialize import (
     dumps_value,
     loads_task_args,
 )
-from shoal.server.loop_tasks import loop_safe_function, runs_on_loop
+from shoal.server.loop_tasks import runs_on_loop
+from shoal.server.task_thread import running_by_lane
 
 if TYPE_CHECKING:
     from shoal.comm.connection import Connection
@@ -84,7 +86,7 @@ class WorkerLanes:
         task = msg.task
         self.running += 1
         func = worker._loaded_functions.get(task.func) if worker.tiny_tasks_on_loop else None
-        if loop_safe_function(func) and runs_on_loop(
+        if runs_on_loop(  # (False at once unless ``func`` is an allow-listed builtin)
             func, task.payload, (), lambda dts: False, lambda: _load_arguments(worker, task)
         ):
             worker.loop_task_count += 1
@@ -128,29 +130,20 @@ class WorkerLanes:
             del conn, msg, result, item
 
     def _run(self, task: m.TaskSpec, on_thread: bool = False) -> ExecuteSuccess | ExecuteFailure:
-        """The same method as a task thread's run: the same result, error and times.
-        On the lane thread, the task runs as the worker's (``get_client`` works) but
-        holds no thread slot: secede and rejoin do nothing."""
-        from shoal.server import task_thread
-
+        """The same method as a task thread's run: the same result, error and times."""
         worker = self.worker
         output = worker._output
-        current = task_thread._current
-        if on_thread:
-            current.worker, current.key, current.seceded = worker, task.key, False
-            current.lane = True
+        as_task = running_by_lane(worker, task.key) if on_thread else contextlib.nullcontext()
         if output is not None:
             output.begin(task.key)
         try:
-            return worker._run_one(
-                task.key, task.func, task.payload, _NO_DEPENDENCIES.__getitem__, []
-            )
+            with as_task:
+                return worker._run_one(
+                    task.key, task.func, task.payload, _NO_DEPENDENCIES.__getitem__, []
+                )
         finally:
             if output is not None:
                 output.end(task.key)
-            if on_thread:
-                current.worker = current.key = None
-                current.lane = False
 
     def _announce(self, msg: m.LaneRun) -> None:
         """The run of ``msg`` has gone on for BUSY_AFTER: the scheduler counts a thread

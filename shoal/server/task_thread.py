@@ -16,6 +16,8 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from shoal.core.worker.state import ExecuteFailure, ExecuteSuccess, Rejoin, Secede, WorkerState
@@ -47,6 +49,19 @@ def current_task() -> tuple[Worker, Any] | None:
     """(worker, key) of the task this thread runs, if it runs one."""
     worker = getattr(_current, "worker", None)
     return None if worker is None else (worker, _current.key)
+
+
+@contextmanager
+def running_by_lane(worker: Worker, key: Any) -> Iterator[None]:
+    """This thread runs ``key`` for a lane (shoal/lanes): as the worker's task
+    (``get_client`` works), but holding no thread slot, so secede and rejoin do
+    nothing."""
+    _current.worker, _current.key, _current.seceded, _current.lane = worker, key, False, True
+    try:
+        yield
+    finally:
+        _current.worker = _current.key = None
+        _current.lane = False
 
 
 def _interrupted(key: Any, e: TaskInterrupted, start: float) -> ExecuteFailure:
@@ -87,7 +102,7 @@ class TaskThreadMixin:
         (a new thread takes this one's place); this thread ends with its task."""
         key = _current.key
         if _current.seceded or getattr(_current, "lane", False):
-            return  # (a lane's task holds no thread slot: shoal/lanes/_worker.py)
+            return  # (a lane's task holds no thread slot: running_by_lane)
         _current.seceded = True
         # The tasks queued behind this one in its thread's batch go on elsewhere now:
         # this thread ends with its task, which may wait for them.

@@ -37,7 +37,13 @@ import itertools
 from typing import TYPE_CHECKING
 
 from shoal.core.comm import Comm
-from shoal.core.scheduler.model import ClientRecord, TaskPrefix, WorkerRecord, key_split
+from shoal.core.scheduler.model import (
+    ClientRecord,
+    TaskPrefix,
+    WorkerRecord,
+    group_name,
+    key_split,
+)
 from shoal.core.scheduler.task_stream import TaskStream
 from shoal.core.story import StoryLog
 from shoal.protocol import messages as m
@@ -197,8 +203,7 @@ class Lanes:
             raise TypeError(f"unknown lane run status {msg.status!r}")
         self.lane_runs += 1
         self._drained(ws, _run_marker(msg.lane, msg.key))  # (if announced busy)
-        name = msg.key[0] if type(msg.key) is tuple and msg.key else msg.key
-        group = str(name)
+        group = group_name(msg.key)
         prefix_name = key_split(group)
         prefix = self.prefixes.get(prefix_name)
         if prefix is not None and msg.status == "memory" and msg.stop >= msg.start:

@@ -27,6 +27,14 @@ WORKER_HISTORY = 120
 _hex8 = re.compile(r"^[0-9a-f]{8}$")
 
 
+def group_name(key: Any) -> str:
+    """The TaskGroup name of a key (or of a group name given as a key): a tuple's first
+    element, as text (Dask's convention)."""
+    if type(key) is tuple:
+        key = key[0] if key else ""
+    return str(key)
+
+
 def key_split(name: Any) -> str:
     """The prefix of a key or group name: ``"inc-1a2b3c4d"`` -> ``"inc"``,
     ``("x-9f0e1d2c", 0, 1)`` -> ``"x"`` (Dask's convention)."""

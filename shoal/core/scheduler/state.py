@@ -38,6 +38,7 @@ from shoal.core.scheduler.model import (
     WorkerRecord,
     added,
     discarded,
+    group_name,
     key_split,
     rank_priority,
 )
@@ -322,9 +323,7 @@ class SchedulerState(
     # ------------------------------------------------------------------ helpers
 
     def _group(self, name: Any) -> TaskGroup:
-        if type(name) is tuple:
-            name = name[0] if name else ""
-        name = str(name)
+        name = group_name(name)
         tg = self.groups.get(name)
         if tg is None:
             pname = key_split(name)

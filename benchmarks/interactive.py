@@ -231,6 +231,7 @@ class Cell:
     seconds: list[float] = field(default_factory=list)
     error: str | None = None
     wrong: bool = False  # the error is a result different from the sync scheduler's
+    by_lane: int = 0  # timed computes answered by lane (shoal/lanes), shoal only
 
     @property
     def median_ms(self) -> float | None:
@@ -265,11 +266,14 @@ class Runner:
         self.clusters = clusters
         self.timeout = timeout
 
-    def compute(self, system: str, collection: Any) -> tuple[Any, float]:
+    def compute(self, system: str, collection: Any) -> tuple[Any, float, bool]:
+        """The result, the seconds, and whether shoal answered it by lane."""
         if system == "sync":
-            return sync_compute(collection)
+            return (*sync_compute(collection), False)
         cluster = self.clusters[system]
         client = cluster.client
+        lanes = getattr(client, "_lanes", None)  # (shoal's; counted outside the timing)
+        before = lanes.runs if lanes is not None else 0
 
         def timed() -> tuple[Any, float]:
             # The client as Dask's default scheduler, as in a notebook with it alone: dask
@@ -281,7 +285,8 @@ class Runner:
                 result = collection.compute()
                 return result, time.perf_counter() - t0
 
-        return cluster.call(timed, self.timeout)
+        result, seconds = cluster.call(timed, self.timeout)
+        return result, seconds, lanes is not None and lanes.runs > before
 
 
 def run_cells(
@@ -351,7 +356,7 @@ def _one(
 ) -> bool:
     """One compute (the warm-up unless ``timed``); False if the cell failed on it."""
     try:
-        result, seconds = runner.compute(cell.system, collection)
+        result, seconds, by_lane = runner.compute(cell.system, collection)
     except Exception as e:  # one failing cell must not lose the others
         cell.error = f"{type(e).__name__}: {e}"
         log(f"!! {cell.system} {cell.name}: {cell.error}")
@@ -366,6 +371,7 @@ def _one(
         return False
     if timed:
         cell.seconds.append(seconds)
+        cell.by_lane += by_lane
     return True
 
 
@@ -467,6 +473,19 @@ def render(
         "",
         *_table(["cell", "code", "tasks", "dask graph ms"], cell_rows),
     ]
+    if "shoal" in systems:
+        lane_rows = [
+            [n, f"{by[('shoal', n)].by_lane} of {len(by[('shoal', n)].seconds)}"] for n in names
+        ]
+        tables += [
+            "",
+            "## Lanes",
+            "",
+            "shoal's timed computes answered by lane (a one-task get, or a small graph run "
+            "whole on one worker; shoal/lanes); the others went through the scheduler.",
+            "",
+            *_table(["cell", "by lane"], lane_rows),
+        ]
     if errors:
         tables += ["", "## Failures", "", *errors]
     return document(

@@ -8,8 +8,9 @@ alternated compute by compute with ``--pause`` seconds after each, on a shoal
 ``LocalCluster`` of two one-thread worker processes:
 
 * ``sync``: Dask's synchronous scheduler in this process (the bar's reference);
-* ``shoal``: the cell through shoal as Dask's scheduler (its graph through the
-  scheduler, spread over the workers);
+* ``shoal``: the cell through shoal as Dask's scheduler: its graph through the
+  scheduler, spread over the workers, or (since this prototype led to it) sent whole
+  by lane as tasks (``LaneRunGraph``) when the worker knows it is short;
 * ``whole``: the collection itself as the argument of one task, sent by lane
   (``shoal/lanes``), which computes it with Dask's synchronous scheduler on the worker:
   Dask's optimisation, the graph and every task run there, in one thread, and only the
@@ -19,7 +20,8 @@ alternated compute by compute with ``--pause`` seconds after each, on a shoal
   the scheduler knows).
 
 Prints the medians and each way's ratio to sync. ``lane runs`` counts the ``whole``
-computes that went by lane (all of them, unless the worker was busy).
+computes that went by lane (all of them, unless the worker was busy); ``graph runs``
+the ``shoal`` computes that went whole by lane.
 """
 
 from __future__ import annotations
@@ -80,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from shoal import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-        print("| cell | sync ms | shoal ms | whole ms | shoal/sync | whole/sync | lane runs |")
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| cell | sync ms | shoal ms | whole ms | shoal/sync | whole/sync | lane runs "
+            "| graph runs |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for name in names:
             collection = available[name]
             ways = {
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(2):
                     if not np.allclose(run(), expected, rtol=1e-9):
                         raise SystemExit(f"{name}: {way} differs from sync")
-            runs = client._lanes.runs
+            lanes = client._lanes
+            runs, graphs = lanes.runs - lanes.graph_runs, lanes.graph_runs
             times: dict[str, list[float]] = {w: [] for w in ways}
             order = list(ways)
             for i in range(args.rounds):
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"| {name} | {ms['sync']:.2f} | {ms['shoal']:.2f} | {ms['whole']:.2f} | "
                 f"{ms['shoal'] / ms['sync']:.2f} | {ms['whole'] / ms['sync']:.2f} | "
-                f"{client._lanes.runs - runs} |",
+                f"{lanes.runs - lanes.graph_runs - runs} | {lanes.graph_runs - graphs} |",
                 flush=True,
             )
     return 0

@@ -205,11 +205,25 @@ class _WorkerCollector:
             yield from _spill_metrics(spill)
         yield from self._transfers()
         yield CounterMetricFamily(
-            "shoal_worker_lane_runs", "Tasks run by lane and answered", value=w.lanes.runs
+            "shoal_worker_lane_runs",
+            "Runs by lane answered (of one task or of a small graph)",
+            value=w.lanes.runs,
+        )
+        yield CounterMetricFamily(
+            "shoal_worker_lane_graph_runs",
+            "Small graphs run whole by lane and answered",
+            value=w.lanes.graph_runs,
+        )
+        yield CounterMetricFamily(
+            "shoal_worker_lane_graphs_stopped",
+            "Graphs run by lane that stopped part way (too long or too large) and went "
+            "through the scheduler",
+            value=w.lanes.graphs_stopped,
         )
         yield CounterMetricFamily(
             "shoal_worker_lane_declined",
-            "Runs by lane declined (busy, paused, limited, lane not open)",
+            "Runs by lane declined (busy, paused, limited, lane not open, a graph not "
+            "known to be short, or stopped part way)",
             value=w.lanes.declined,
         )
         yield from _loop_metrics("shoal_worker", w.loop_latency)

@@ -1,5 +1,5 @@
-"""Lanes: a one-task ``get`` goes from the client straight to a worker, and the
-scheduler hears of it after.
+"""Lanes: a one-task ``get``, or a small graph's, goes from the client straight to a
+worker, and the scheduler hears of it after.
 
 Why. ``delayed(f)(x).compute()`` is one task, and on a cluster its time is mostly
 hops: client -> scheduler -> worker -> scheduler -> client, each handled by a process
@@ -32,6 +32,24 @@ scheduler (tasks are pure, as everywhere in Dask: running one twice is safe). Th
 worker reports its runs (``LaneRan``, those of each 10 ms together, so that the
 scheduler is not woken while the client takes its answer) for the task stream and the
 tasks' durations.
+
+A small graph goes whole (``LaneRunGraph``), as the same exchange:
+
+* The client decides what may go (``shoal/client/graph/lane_graph.py``): at most 64
+  tasks after culling, none annotated, no P2P shuffle, no future in it, no large
+  constant, encoded in at most 256 KiB, sent dependencies first in Dask's order.
+* The worker takes it only on the same facts as a task, and only when it is short: the
+  recent durations of its tasks' prefixes add up to at most
+  ``shoal.worker.lane-graphs.expected`` (20 ms); a prefix never measured declines it.
+  The scheduler measures every prefix and shares the durations with the workers that
+  have lanes (``LaneDurations``, ``shoal/core/scheduler/lanes.py``); the worker's own
+  graph runs update them too.
+* It runs on the lane thread (``_graph_run.py``) as Dask's synchronous scheduler
+  would, and stops between two tasks past ``stop-after`` (100 ms) or holding more than
+  ``max-bytes`` of results (``shoal/core/worker/lanes.py``): the client then submits the
+  graph through the scheduler, and offers graphs of the same prefixes by lane again
+  only after 10 s. Each task that ran is reported; the busy announcement names the
+  first.
 
 ``shoal.client.lanes: false`` turns lanes off for a client.
 """

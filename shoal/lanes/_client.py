@@ -1,5 +1,6 @@
 """The client's side of lanes: which gets go by lane, and the caller's own connection
-to the lane's worker.
+to the lane's worker. A small graph (``shoal/client/graph/lane_graph.py``) goes whole,
+in one ``LaneRunGraph``.
 
 The caller's thread writes the task and reads the answer on a plain blocking socket
 (TLS and the token preamble included, as the loop's connections): no hand-off to the
@@ -18,18 +19,21 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shoal import config
 from shoal.comm.handshake import AuthFailed, ConnectorHandshake
 from shoal.comm.tcp import split_address
+from shoal.core.scheduler.model import group_name, key_split
 from shoal.protocol import messages as m
 from shoal.protocol.framing import FrameDecoder, ProtocolError, encode_frame, message_buffers
+from shoal.protocol.messages import Key
 from shoal.protocol.serialize import loads_value
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
+    from shoal.client.graph.lane_graph import LaneGraph
     from shoal.comm.security import Security
 
 logger = logging.getLogger("shoal.lanes")
@@ -37,6 +41,9 @@ logger = logging.getLogger("shoal.lanes")
 NOT_RUN: Any = object()  # the lane did not run it: submit through the scheduler
 MAX_TASK_BYTES = 64 * 1024  # a larger task's encoding goes through the scheduler
 ASK_AGAIN_AFTER = 1.0  # seconds after an empty grant or a failed lane before asking again
+# Seconds a graph of the same prefixes is not offered again after its run stopped part
+# way (it ran too long, or held too much, for all its prefixes' durations said).
+TOO_LONG_FOR = 10.0
 WAIT_POLL = 0.5  # seconds between checks, while a run waits, that its worker still exists
 STALE_DECLINES = 3  # "not open" declines in a row: the lane is dropped and asked for again
 
@@ -98,7 +105,7 @@ class LaneChannel:
         return decoder.buffer_updated(n)
 
     def exchange(
-        self, msg: m.LaneRun, gone: Callable[[], bool]
+        self, msg: m.LaneRun | m.LaneRunGraph, gone: Callable[[], bool]
     ) -> tuple[m.LaneResult, list[memoryview]] | None:
         """Send ``msg`` and read its answer; None if ``gone()`` turned true meanwhile
         (the worker left the cluster: the answer will never come)."""
@@ -134,6 +141,7 @@ class ClientLanes:
         self.enabled = value
         self.grant: tuple[str, str] | None = None  # (lane, worker address)
         self.runs = 0  # answered by a lane (finished or erred)
+        self.graph_runs = 0  # of ``runs``, graphs
         self.declined = 0
         self.failed = 0  # connection failures: the run went through the scheduler
         self._channel: LaneChannel | None = None
@@ -143,6 +151,7 @@ class ClientLanes:
         self._gone: set[str] = set()  # closed lanes whose worker left
         self._stale = 0
         self._request_ids = itertools.count(1)
+        self._too_long: dict[frozenset[str], float] = {}  # graph prefixes -> until when
 
     # ------------------------------------------------------------------ granting
 
@@ -217,11 +226,66 @@ class ClientLanes:
             spec = make_spec()
             if spec is None or not spec.func or len(spec.payload.data) > MAX_TASK_BYTES:
                 return NOT_RUN
-            return self._run(grant, spec)
+            answer = self._exchange(
+                grant, [spec], lambda rid, fns: m.LaneRun(rid, grant[0], spec, fns)
+            )
+            if answer is None:
+                return NOT_RUN
+            reply, buffers = answer
+            return _outcome(client, spec.key, grant[1], reply, buffers)
         finally:
             self._lock.release()
 
-    def _run(self, grant: tuple[str, str], spec: m.TaskSpec) -> Any:
+    def run_graph(
+        self, prefixes: frozenset[str], make_graph: Callable[[], LaneGraph | None]
+    ) -> dict[Key, Any] | Any:
+        """The values of a small graph's keys asked for (by key asked for, through
+        aliases), run whole by lane, or its first error raised; NOT_RUN if it did not
+        go. ``prefixes``: its tasks' (a worker found graphs of them too long lately: not
+        offered); ``make_graph`` encodes it, None if it may not go by lane."""
+        client = self.client
+        if not self.enabled or client.status != "running":
+            return NOT_RUN
+        until = self._too_long.get(prefixes)
+        if until is not None:
+            if time.monotonic() < until:
+                return NOT_RUN
+            del self._too_long[prefixes]
+        grant = self.grant
+        if grant is None:
+            self._ask()
+            return NOT_RUN
+        if not self._lock.acquire(blocking=False):
+            return NOT_RUN
+        try:
+            graph = make_graph()
+            if graph is None or any(k in client._states for k in graph.keys):
+                return NOT_RUN
+            answer = self._exchange(
+                grant,
+                graph.tasks,
+                lambda rid, fns: m.LaneRunGraph(rid, grant[0], graph.tasks, graph.keys, fns),
+                prefixes,
+            )
+            if answer is None:
+                return NOT_RUN
+            reply, buffers = answer
+            self.graph_runs += 1
+            values = _graph_outcome(client, graph.keys, grant[1], reply, buffers)
+            return {k: values[t] for k, t in graph.targets.items()} | values
+        finally:
+            self._lock.release()
+
+    def _exchange(
+        self,
+        grant: tuple[str, str],
+        specs: list[m.TaskSpec],
+        make_msg: Callable[[int, dict[str, bytes]], m.LaneRun | m.LaneRunGraph],
+        kind: frozenset[str] | None = None,
+    ) -> tuple[m.LaneResult, list[memoryview]] | None:
+        """Send a run down the lane and read its answer; None if it was not answered
+        (declined, or the connection or the worker failed: counted here). ``kind``: a
+        graph's prefixes, not offered again for a while if declined as too long."""
         lane, address = grant
         client = self.client
         channel = self._channel
@@ -233,37 +297,78 @@ class ClientLanes:
                     address, client.security, client.id, client.timeout
                 )
             table = client._functions.bytes
+            sent = channel.sent_functions
             functions = {
                 fid: table[fid]
+                for spec in specs
                 for fid in (spec.func, *spec.funcs)
-                if fid not in channel.sent_functions
+                if fid not in sent
             }
-            msg = m.LaneRun(next(self._request_ids), lane, spec, functions)
+            msg = make_msg(next(self._request_ids), functions)
             answer = channel.exchange(msg, lambda: lane in self._gone)
         except (OSError, ProtocolError, AuthFailed) as e:
             logger.info("lane run on %s failed, going through the scheduler: %s", address, e)
             self.failed += 1
             self._drop(lane)
-            return NOT_RUN
+            return None
         except BaseException:  # e.g. KeyboardInterrupt: the socket's state is unknown
             self._close_channel()
             raise
         if answer is None:  # its worker left the cluster
             self.failed += 1
             self._drop(lane)
-            return NOT_RUN
+            return None
         reply, buffers = answer
         if reply.status == "declined":
             self.declined += 1
+            if reply.output and client.forward_output:  # (a graph stopped part way)
+                client._output.received(m.TaskOutput(specs[0].key, address, reply.output))
+            if reply.too_long and kind is not None:
+                if len(self._too_long) >= 256:
+                    self._too_long.clear()
+                self._too_long[kind] = time.monotonic() + TOO_LONG_FOR
             if reply.reason.startswith(f"lane {lane} is not open"):
                 self._stale += 1
                 if self._stale >= STALE_DECLINES:
                     self._drop(lane)
-            return NOT_RUN
+            return None
         self._stale = 0
-        channel.sent_functions.update(functions)
+        sent.update(functions)
         self.runs += 1
-        return _outcome(client, spec.key, address, reply, buffers)
+        return reply, buffers
+
+
+def graph_prefixes(keys: Iterable[Key]) -> frozenset[str]:
+    """The prefixes of a graph's keys: a graph found too long is not offered again for
+    a while by this, its kind."""
+    return frozenset(key_split(group_name(k)) for k in keys)
+
+
+def _graph_outcome(
+    client: Client, keys: list[Key], worker: str, reply: m.LaneResult, buffers: list[memoryview]
+) -> dict[Key, Any]:
+    """The values of ``keys``, or the graph's first error raised, as a gather would."""
+    from shoal.client.client import remote_exception
+    from shoal.protocol.serialize import loads_values
+
+    if reply.output and client.forward_output:
+        client._output.received(m.TaskOutput(keys[0], worker, reply.output))
+    try:
+        if reply.status == "finished":
+            if len(reply.payloads) != len(keys):
+                raise ProtocolError(
+                    f"{worker} answered {len(keys)} keys with {len(reply.payloads)} values"
+                )
+            values, errors = loads_values(keys, reply.payloads, buffers)
+            for key, e in errors.items():
+                e.add_note(f"raised loading the result of {key!r} from {worker}")
+                raise e
+            return values
+        assert reply.exception is not None
+        exc = remote_exception(reply.exception, reply.traceback)
+        raise exc.with_traceback(None)
+    finally:
+        client._output.reraise(keys[:1], client._states)
 
 
 def _outcome(

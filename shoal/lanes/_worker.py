@@ -1,4 +1,5 @@
-"""The worker's side of lanes: run a client's one-task get and answer the client.
+"""The worker's side of lanes: run a client's one-task get, or small graph, and answer
+the client.
 
 A lane's task runs apart from the worker's state machine (it has no record there, nor
 on the scheduler): on the loop when the loop-task rule allows it
@@ -8,6 +9,10 @@ is decided by ``shoal/core/worker/lanes.py`` (only when idle, one at a time); a 
 run is submitted by the client through the scheduler instead. A run on the thread that
 goes on past ``BUSY_AFTER`` is announced to the scheduler (``LaneBusy``), which counts a
 thread of this worker busy until the run's report.
+
+A small graph (``LaneRunGraph``) always runs on the lane thread (``_graph_run.py``),
+when the rule also finds it short by the prefixes' durations: those the scheduler
+shares (``LaneDurations``), updated by the graphs run here.
 """
 
 from __future__ import annotations
@@ -19,8 +24,16 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
-from shoal.core.worker.lanes import lane_decline_reason
+from shoal import config
+from shoal._durations import parse_duration
+from shoal.core.worker.lanes import (
+    GraphLimits,
+    graph_decline_reason,
+    lane_decline_reason,
+    task_prefix,
+)
 from shoal.core.worker.state import ExecuteFailure, ExecuteSuccess
+from shoal.lanes._graph_run import GraphRun, run_graph
 from shoal.protocol import messages as m
 from shoal.protocol.framing import ProtocolError
 from shoal.protocol.serialize import (
@@ -54,10 +67,14 @@ class WorkerLanes:
     def __init__(self, worker: Worker):
         self.worker = worker
         self.open: dict[str, str] = {}  # lane -> its client's id
+        self.durations: dict[str, float] = {}  # recent seconds per task prefix
+        self.graph_limits = graph_limits()
         self.running = 0  # lane runs not answered yet (0 or 1)
         self.runs = 0  # lane runs answered, declines not counted
         self.declined = 0
-        self._queue: queue.SimpleQueue[tuple[Connection, m.LaneRun] | None] | None = None
+        self.graph_runs = 0  # of ``runs``, graphs
+        self.graphs_stopped = 0  # graphs that stopped part way (too long, too large)
+        self._queue: _RunQueue | None = None
         self._thread: threading.Thread | None = None
         self._reports: list[m.LaneRan] = []  # runs answered, not reported yet
         self._report_timer: asyncio.TimerHandle | None = None
@@ -65,11 +82,14 @@ class WorkerLanes:
 
     # ------------------------------------------------------------------ the scheduler
 
-    def on_scheduler(self, msg: m.LaneOpen | m.LaneClosed) -> None:
+    def on_scheduler(self, msg: m.LaneOpen | m.LaneClosed | m.LaneDurations) -> None:
         if type(msg) is m.LaneOpen:
             self.open[msg.lane] = msg.client
-        else:
+        elif type(msg) is m.LaneClosed:
             self.open.pop(msg.lane, None)
+        else:
+            assert type(msg) is m.LaneDurations
+            self.durations.update(msg.durations)
 
     # ------------------------------------------------------------------ a client's run
 
@@ -92,14 +112,44 @@ class WorkerLanes:
             worker.loop_task_count += 1
             self._answer(conn, msg, self._run(task))
             return
+        self._on_thread(conn, msg, task.key)
+
+    def on_run_graph(self, conn: Connection, msg: m.LaneRunGraph) -> None:
+        worker = self.worker
+        reason = graph_decline_reason(
+            worker.state,
+            msg.tasks,
+            msg.keys,
+            self.durations,
+            self.graph_limits,
+            lane=msg.lane,
+            lane_open=msg.lane in self.open,
+            running=self.running,
+            leaving=worker._closed.is_set() or bool(worker.leaving),
+            limited=worker.lifetime.limited,
+            watched=worker.plugins.watching,
+        )
+        if reason:
+            self.declined += 1
+            conn.send(m.LaneResult(msg.request_id, "declined", reason=reason))
+            conn.flush()
+            return
+        if msg.functions:
+            worker.functions.add(msg.functions)
+        self.running += 1
+        self._on_thread(conn, msg, msg.tasks[0].key)
+
+    def _on_thread(self, conn: Connection, msg: m.LaneRun | m.LaneRunGraph, first: m.Key) -> None:
+        """Run ``msg`` on the lane thread; announced busy if it goes on (LaneBusy,
+        naming ``first``, the task its report names first)."""
         if self._queue is None:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._run_thread, name="shoal-lane", daemon=True)
             self._thread.start()
         self._queue.put((conn, msg))
-        loop = worker._loop
+        loop = self.worker._loop
         if loop is not None:  # a run that goes on counts as a busy thread (LaneBusy)
-            self._busy_timer = loop.call_later(BUSY_AFTER, self._announce, msg)
+            self._busy_timer = loop.call_later(BUSY_AFTER, self._announce, msg.lane, first)
 
     def _decline_reason(self, msg: m.LaneRun) -> str:
         worker = self.worker
@@ -122,12 +172,21 @@ class WorkerLanes:
             if item is None:
                 return
             conn, msg = item
-            result = self._run(msg.task, on_thread=True)
             loop = worker._loop
-            if loop is None or loop.is_closed():
-                return
-            loop.call_soon_threadsafe(self._answer, conn, msg, result)
-            del conn, msg, result, item
+            if type(msg) is m.LaneRunGraph:
+                graph = run_graph(worker, msg, self.graph_limits)
+                if loop is None or loop.is_closed():
+                    return
+                loop.call_soon_threadsafe(self._answer_graph, conn, msg, graph)
+                del graph
+            else:
+                assert type(msg) is m.LaneRun
+                result = self._run(msg.task, on_thread=True)
+                if loop is None or loop.is_closed():
+                    return
+                loop.call_soon_threadsafe(self._answer, conn, msg, result)
+                del result
+            del conn, msg, item
 
     def _run(self, task: m.TaskSpec, on_thread: bool = False) -> ExecuteSuccess | ExecuteFailure:
         """The same method as a task thread's run: the same result, error and times."""
@@ -145,22 +204,78 @@ class WorkerLanes:
             if output is not None:
                 output.end(task.key)
 
-    def _announce(self, msg: m.LaneRun) -> None:
-        """The run of ``msg`` has gone on for BUSY_AFTER: the scheduler counts a thread
-        of this worker busy until its LaneRan (which follows on the same connection)."""
+    def _announce(self, lane: str, first: m.Key) -> None:
+        """A run has gone on for BUSY_AFTER: the scheduler counts a thread of this
+        worker busy until the LaneRan of ``first`` (which follows on the same
+        connection; a graph's reports all go together at its end)."""
         self._busy_timer = None
         scheduler = self.worker.scheduler
         if scheduler is not None:
-            scheduler.send(m.LaneBusy(msg.lane, msg.task.key))
+            scheduler.send(m.LaneBusy(lane, first))
+
+    def _answer_graph(self, conn: Connection, msg: m.LaneRunGraph, graph: GraphRun) -> None:
+        """Answer the client with the values asked for (or the failure, or a decline if
+        the run stopped part way), then report each task that ran."""
+        self._end_run()
+        output = self.worker._output
+        printed = output.take_task(msg.keys[0]) if output is not None else b""
+        buffers: list[memoryview] = []
+        if graph.stopped:
+            self.declined += 1
+            self.graphs_stopped += 1
+            reply = m.LaneResult(
+                msg.request_id, "declined", reason=graph.stopped, output=printed, too_long=True
+            )
+        elif graph.failure is not None:
+            self.runs += 1
+            self.graph_runs += 1
+            failure = graph.failure
+            reply = m.LaneResult(
+                msg.request_id,
+                "erred",
+                exception=failure.exception,
+                traceback=failure.traceback,
+                output=printed,
+            )
+        else:
+            self.runs += 1
+            self.graph_runs += 1
+            payloads: list[m.Payload] = []
+            try:
+                for value in graph.values:
+                    payload, more = dumps_value(value)
+                    payloads.append(payload)
+                    buffers.extend(more)
+            except SerializationError as e:
+                buffers = []
+                exc = SerializationError(f"a result of the graph cannot be sent: {e}")
+                reply = m.LaneResult(
+                    msg.request_id, "erred", exception=dumps_exception(exc), output=printed
+                )
+            else:
+                reply = m.LaneResult(msg.request_id, "finished", payloads=payloads, output=printed)
+        graph.values = []
+        self._send(conn, reply, buffers, "a result of the graph")
+        self._learn(msg.tasks, graph.ran)
+        self._reports.extend(graph.ran)
+        self._schedule_report()
+
+    def _learn(self, tasks: list[m.TaskSpec], ran: list[m.LaneRan]) -> None:
+        """Each task that finished updates its prefix's recent duration, as the
+        scheduler's would (halved in weight at each new one)."""
+        durations = self.durations
+        for task, report in zip(tasks, ran):
+            if report.status == "memory":
+                prefix = task_prefix(task)
+                seconds = report.stop - report.start
+                old = durations.get(prefix)
+                durations[prefix] = seconds if old is None else (old + seconds) / 2
 
     def _answer(
         self, conn: Connection, msg: m.LaneRun, result: ExecuteSuccess | ExecuteFailure
     ) -> None:
         """Answer the client first, then tell the scheduler (off the client's path)."""
-        if self._busy_timer is not None:
-            self._busy_timer.cancel()
-            self._busy_timer = None
-        self.running -= 1
+        self._end_run()
         self.runs += 1
         key = msg.task.key
         output = self.worker._output
@@ -195,17 +310,35 @@ class WorkerLanes:
             )
         start, stop = result.start, result.stop
         del result
+        if not self._send(conn, reply, buffers, f"the result of {key!r}"):
+            status, nbytes = "erred", 0
+        self._reports.append(m.LaneRan(msg.lane, key, status, start, stop, nbytes))
+        self._schedule_report()
+
+    def _end_run(self) -> None:
+        if self._busy_timer is not None:
+            self._busy_timer.cancel()
+            self._busy_timer = None
+        self.running -= 1
+
+    def _send(
+        self, conn: Connection, reply: m.LaneResult, buffers: list[memoryview], what: str
+    ) -> bool:
+        """Send ``reply``; if it cannot be framed (e.g. more buffers than a frame may
+        carry), an error saying so instead, and False."""
         try:
             conn.send(reply, buffers)
             conn.flush()
-        except ProtocolError as e:  # e.g. more buffers than a frame may carry
-            exc = SerializationError(f"the result of {key!r} cannot be sent: {e}")
-            conn.send(m.LaneResult(msg.request_id, "erred", exception=dumps_exception(exc)))
+            return True
+        except ProtocolError as e:
+            exc = SerializationError(f"{what} cannot be sent: {e}")
+            conn.send(m.LaneResult(reply.request_id, "erred", exception=dumps_exception(exc)))
             conn.flush()
-            status, nbytes = "erred", 0
-        self._reports.append(m.LaneRan(msg.lane, key, status, start, stop, nbytes))
+            return False
+
+    def _schedule_report(self) -> None:
         loop = self.worker._loop
-        if self._report_timer is None and loop is not None:
+        if self._report_timer is None and loop is not None and self._reports:
             self._report_timer = loop.call_later(REPORT_DELAY, self._report)
 
     def _report(self) -> None:
@@ -226,6 +359,28 @@ class WorkerLanes:
             self._report()
         if self._queue is not None:
             self._queue.put(None)
+
+
+def graph_limits() -> GraphLimits:
+    """``shoal.worker.lane-graphs``, checked once per worker."""
+    from dask.utils import parse_bytes
+
+    name = "shoal.worker.lane-graphs"
+    expected = parse_duration(
+        config.get("worker.lane-graphs.expected"), f"{name}.expected", allow_zero=True
+    )
+    stop_after = parse_duration(config.get("worker.lane-graphs.stop-after"), f"{name}.stop-after")
+    value = config.get("worker.lane-graphs.max-bytes")
+    try:
+        max_bytes = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError:
+        max_bytes = None
+    if type(max_bytes) is not int or max_bytes < 0:
+        raise ValueError(f"{name}.max-bytes must be a number of bytes (e.g. '256MiB'), not {value!r}")
+    return GraphLimits(expected, stop_after, max_bytes)
+
+
+_RunQueue = queue.SimpleQueue[tuple["Connection", m.LaneRun | m.LaneRunGraph] | None]
 
 
 def _load_arguments(worker: Worker, task: m.TaskSpec) -> Any:

@@ -72,12 +72,14 @@ from shoal.protocol.message_families.handshake import (
 from shoal.protocol.message_families.lanes import (
     LaneBusy,
     LaneClosed,
+    LaneDurations,
     LaneGrant,
     LaneOpen,
     LaneRan,
     LaneRequest,
     LaneResult,
     LaneRun,
+    LaneRunGraph,
 )
 from shoal.protocol.message_families.membership import (
     CloseWorker,
@@ -195,7 +197,9 @@ from shoal.protocol.message_families.tasks import (
 # 17: lanes (LaneRequest, LaneGrant, LaneOpen, LaneClosed, LaneRun, LaneResult,
 #    LaneRan, LaneBusy): a one-task get sent by the client to a worker the scheduler
 #    granted it.
-PROTOCOL_VERSION = 17
+# 18: small graphs by lane (LaneRunGraph, LaneDurations, LaneResult.too_long; a
+#    finished LaneResult carries one value per key asked for).
+PROTOCOL_VERSION = 18
 
 AnyMessage = (
     Hello
@@ -294,6 +298,8 @@ AnyMessage = (
     | LaneResult
     | LaneRan
     | LaneBusy
+    | LaneRunGraph
+    | LaneDurations
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__
@@ -343,12 +349,14 @@ __all__ = [
     "KeyUnserializable",
     "LaneBusy",
     "LaneClosed",
+    "LaneDurations",
     "LaneGrant",
     "LaneOpen",
     "LaneRan",
     "LaneRequest",
     "LaneResult",
     "LaneRun",
+    "LaneRunGraph",
     "LogEvent",
     "Message",
     "MissingData",

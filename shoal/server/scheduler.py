@@ -25,6 +25,7 @@ from shoal.comm.connection import Connection
 from shoal.comm.security import Security
 from shoal.comm.tcp import HANDSHAKE_TIMEOUT, HandshakeError, check_hello, listen, parse_address
 from shoal.comm.traffic import Traffic
+from shoal.core.scheduler.lanes import DURATIONS_INTERVAL
 from shoal.core.scheduler.membership import DEFAULT_ALLOWED_FAILURES, DEFAULT_WORKER_TTL
 from shoal.core.scheduler.state import SchedulerState
 from shoal.core.scheduler.stealing import STEAL_INTERVAL
@@ -123,6 +124,7 @@ class Scheduler:
         self._pusher: asyncio.Task[None] | None = None
         self._progress_pusher: asyncio.Task[None] | None = None
         self._balancer: asyncio.Task[None] | None = None
+        self._duration_sharer: asyncio.Task[None] | None = None
         self.plugins = SchedulerPlugins(self)  # shoal/plugins/scheduler.py
         self._deadlines = DeadlineTimer(self.state, self._sid)  # coordination timeouts
         self.traffic = Traffic()  # what its connections carried (shoal/comm/traffic.py)
@@ -181,6 +183,7 @@ class Scheduler:
         self._progress_pusher = asyncio.ensure_future(self._push_progress())
         if self.state.stealing_enabled:
             self._balancer = asyncio.ensure_future(self._balance())
+        self._duration_sharer = asyncio.ensure_future(self._share_lane_durations())
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -220,7 +223,13 @@ class Scheduler:
         await stop_dashboard(self)
         if self._server is not None:
             self._server.close()
-        for task in (self._watchdog, self._pusher, self._progress_pusher, self._balancer):
+        for task in (
+            self._watchdog,
+            self._pusher,
+            self._progress_pusher,
+            self._balancer,
+            self._duration_sharer,
+        ):
             if task is not None:
                 task.cancel()
         self.loop_latency.stop()
@@ -479,6 +488,13 @@ class Scheduler:
         while True:
             await asyncio.sleep(STEAL_INTERVAL)
             self.state.balance(self._sid("steal"))
+
+    async def _share_lane_durations(self) -> None:
+        """The prefixes' durations, to the workers that have lanes: periodic, so that it
+        costs nothing per task (shoal/core/scheduler/lanes.py)."""
+        while True:
+            await asyncio.sleep(DURATIONS_INTERVAL)
+            self.state.share_lane_durations()
 
     # ---------------------------------------------------------------- liveness
 

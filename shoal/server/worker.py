@@ -467,7 +467,11 @@ class Worker(TaskThreadMixin, WorkerTransferMixin):
                     self._handle(events)
                     events = []
                 self.plugins.on_message(msg)
-            elif type(msg) is m.LaneOpen or type(msg) is m.LaneClosed:
+            elif (
+                type(msg) is m.LaneOpen
+                or type(msg) is m.LaneClosed
+                or type(msg) is m.LaneDurations
+            ):
                 self.lanes.on_scheduler(msg)
             elif type(msg) is m.CloseWorker:
                 logger.info("the scheduler closes this worker: %s", msg.reason)

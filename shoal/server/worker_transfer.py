@@ -150,6 +150,8 @@ class WorkerTransferMixin:
                 self.actors.handle(conn, msg)
             elif type(msg) is m.LaneRun:  # a client's one-task get (shoal/lanes)
                 self.lanes.on_run(conn, msg)
+            elif type(msg) is m.LaneRunGraph:  # a client's small graph (shoal/lanes)
+                self.lanes.on_run_graph(conn, msg)
             else:
                 raise ProtocolError(f"a peer may not send {type(msg).__name__}")
 

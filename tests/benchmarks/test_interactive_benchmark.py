@@ -116,3 +116,8 @@ def test_interactive_tiny(tmp_path):
     for name, row in zip(cells, cell_rows, strict=True):
         assert row[2] == dict(zip(header, rows[cells.index(name)], strict=True))["tasks"]
         assert 0 < float(row[3]) < 10_000, row
+    lane_header, lane_rows = table(report, "Lanes")
+    assert lane_header == ["cell", "by lane"] and [r[0] for r in lane_rows] == cells
+    for row in lane_rows:
+        by_lane, of, timed = row[1].split(" ")
+        assert of == "of" and timed == "2" and 0 <= int(by_lane) <= 2, row

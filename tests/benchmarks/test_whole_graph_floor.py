@@ -20,15 +20,16 @@ def test_whole_graph_floor_tiny() -> None:
         " shoal/sync ",
         " whole/sync ",
         " lane runs ",
+        " graph runs ",
     ]
     cells = {row.split("|")[1].strip(): row.split("|")[2:-1] for row in rows[1:]}
     assert set(cells) == {"matmul", "array_sum"}
     for values in cells.values():
-        sync, shoal, whole, shoal_ratio, whole_ratio, lane_runs = map(float, values)
+        sync, shoal, whole, shoal_ratio, whole_ratio, lane_runs, graph_runs = map(float, values)
         assert sync > 0 and shoal > 0 and whole > 0
         assert shoal_ratio == pytest.approx(shoal / sync, rel=0.05, abs=0.01)
         assert whole_ratio == pytest.approx(whole / sync, rel=0.05, abs=0.01)
-        assert 0 <= lane_runs <= 3
+        assert 0 <= lane_runs <= 3 and 0 <= graph_runs <= 3
 
 
 def test_whole_graph_floor_rejects_an_unknown_cell() -> None:

@@ -13,6 +13,7 @@ from shoal.protocol.messages import (
     CloseWorker,
     LaneBusy,
     LaneClosed,
+    LaneDurations,
     LaneGrant,
     LaneOpen,
     LaneRan,
@@ -590,3 +591,82 @@ def test_a_report_without_an_announcement_frees_nothing():
     assert ws.ndraining == 1
     sim.s.handle_worker(W1, LaneRan(grant.lane, "a-1", "memory", 0.0, 0.1))
     assert ws.ndraining == 0 and ws.slot_threads == 2
+
+
+def test_a_graphs_reports_free_its_announced_thread_at_its_first_task():
+    """A graph run by lane is announced under its first task, and reported task by
+    task at its end: the first task's report frees the thread, the others count runs."""
+    sim = Sim({W1: 1})
+    grant = granted(sim)
+    ws = sim.ws(W1)
+    sim.s.handle_worker(W1, LaneBusy(grant.lane, ("ones-1", 0)))
+    assert ws.ndraining == 1
+    sim.s.handle_worker(
+        W1,
+        LaneRan(grant.lane, ("ones-1", 0), "memory", 0.0, 0.1, 8),
+        LaneRan(grant.lane, ("ones-1", 1), "memory", 0.1, 0.2, 8),
+        LaneRan(grant.lane, "sum-2", "memory", 0.2, 0.3, 8),
+    )
+    assert (ws.ndraining, ws.slot_threads) == (0, 1) and sim.s.lane_runs == 3
+    stream = sim.s.task_stream.since(0)[1]
+    assert [r.key for r in stream] == [("ones-1", 0), ("ones-1", 1), "sum-2"]
+
+
+# --- the prefixes' durations, shared with the workers that have lanes ------------------
+
+
+def durations_to(sim: Sim, address: str) -> list[dict[str, float]]:
+    return [msg.durations for msg in sim.to_worker(address) if isinstance(msg, LaneDurations)]
+
+
+def test_a_workers_first_lane_brings_it_every_measured_duration_before_the_lane():
+    sim = Sim({W1: 1}, clients=("c", "d"))
+    sim.submit({"inc-1": [], "dec-1": []})
+    sim.finish("inc-1", duration=0.5)
+    sim.submit({"never-1": []})  # a prefix not measured yet is not sent
+    sim.clear()
+    grant = granted(sim)
+    sent = [m for m in sim.to_worker(W1) if isinstance(m, LaneDurations | LaneOpen)]
+    assert sent == [LaneDurations({"inc": 0.5}), LaneOpen(grant.lane, "c")]
+    sim.clear()
+    granted(sim, "d")  # its second lane: it knows them already
+    assert durations_to(sim, W1) == []
+
+
+def test_changed_durations_go_to_the_workers_with_lanes_only():
+    sim = Sim({W1: 1, W2: 1})
+    sim.submit({"inc-1": []})
+    sim.finish("inc-1", duration=1.0)
+    grant = granted(sim)
+    other = W2 if grant.worker == W1 else W1
+    sim.s.share_lane_durations()  # the first share: everything measured
+    assert durations_to(sim, grant.worker)[-1] == {"inc": 1.0}
+    sim.clear()
+    sim.s.share_lane_durations()
+    assert durations_to(sim, grant.worker) == []  # nothing changed
+    prefix = sim.s.prefixes["inc"]
+    prefix.add_duration(1.1)  # recent 1.05: within 10% of 1.0
+    sim.s.share_lane_durations()
+    assert durations_to(sim, grant.worker) == []
+    prefix.add_duration(1.5)  # recent 1.275: more than 10% away from what was sent
+    sim.submit({"dec-1": []})
+    sim.finish("dec-1", duration=0.25)  # first measured
+    sim.s.share_lane_durations()
+    assert durations_to(sim, grant.worker) == [{"inc": 1.275, "dec": 0.25}]
+    assert durations_to(sim, other) == []
+
+
+def test_no_lanes_nothing_shared():
+    sim = Sim({W1: 1})
+    sim.submit({"inc-1": []})
+    sim.finish("inc-1", duration=1.0)
+    sim.clear()
+    sim.s.share_lane_durations()
+    assert durations_to(sim, W1) == []
+    granted(sim)
+    sim.s.set_lanes_enabled(False, "off")  # every lane closes
+    assert not sim.s.lanes_of_worker
+    sim.s.prefixes["inc"].add_duration(9.0)
+    sim.clear()
+    sim.s.share_lane_durations()
+    assert durations_to(sim, W1) == []

@@ -16,7 +16,11 @@ a model of each client and each worker is fed only the lane messages the schedul
 - nobody is told of a lane it does not hold (a close twice, or to a stranger), but for
   the one ``gone`` notice a client may get later for a lane of its that closed earlier,
   when that lane's worker is removed (and only then, once); every ``LaneRequest`` is
-  answered by one ``LaneGrant``, at once.
+  answered by one ``LaneGrant``, at once;
+- a worker with lanes holds, from the ``LaneDurations`` it was sent, exactly the
+  durations the scheduler says it shared; after each share, every measured prefix's
+  duration is within DURATIONS_CHANGE of what was shared (what a worker decides a small
+  graph's run by is never further off than that).
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ from hypothesis.stateful import (
 from scheduler_harness import Sim, addr
 from sizes import sized
 
+from shoal.core.scheduler.lanes import DURATIONS_CHANGE
 from shoal.core.scheduler.model import WorkerRecord
 from shoal.protocol.messages import (
     AddKeys,
     CopyKeys,
     LaneBusy,
     LaneClosed,
+    LaneDurations,
     LaneGrant,
     LaneOpen,
     LaneRan,
@@ -54,7 +60,9 @@ ADDRESSES = [addr(n) for n in range(1, 6)]  # a small pool: addresses come back 
 CLIENTS = ("c1", "c2", "c3", "c4")
 LIMITS = ({}, {}, {}, {"lifetime": 3600.0}, {"max_tasks": 3})  # most without
 RETIREMENTS = ("client", "client-no-close", "scaling", "leaving", "leaving-no-copies")
-PREFIXES = ("t", "u")  # "t": the tasks submitted here; "u": never a task
+PREFIXES = ("t", "u")  # "t": tasks submitted here (some); "u": never a task
+TASK_PREFIXES = ("t", "v", "w")  # of the tasks submitted
+DURATIONS = (0.0, 0.001, 0.0105, 0.011, 0.5, 4.0)  # some within 10% of another
 MACHINE_SETTINGS = settings(
     max_examples=sized(ci=100, full=500),
     stateful_step_count=sized(ci=40, full=80),
@@ -78,6 +86,7 @@ class LanesMachine(RuleBasedStateMachine):
         # worker -> {lane: client}; every lane id ever granted.
         self.client_lanes: dict[str, dict[str, str]] = {}
         self.worker_lanes: dict[str, dict[str, str]] = {}
+        self.worker_durations: dict[str, dict[str, float]] = {}  # from LaneDurations
         self.granted: set[str] = set()
         self.lane_worker: dict[str, str] = {}  # lane -> the worker its grant named
         self.told_gone: set[str] = set()  # lanes whose client was told their worker left
@@ -161,7 +170,7 @@ class LanesMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 10**6))
     def submit(self, i):
         self.ntasks += 1
-        key = f"t-{self.ntasks}"
+        key = f"{TASK_PREFIXES[i % len(TASK_PREFIXES)]}-{self.ntasks}"
         self.sim.submit({key: []}, client=pick(self.s.clients, i), sid=self.sim.sid("submit"))
 
     @precondition(lambda self: self.s.clients and self.s.workers)
@@ -173,12 +182,12 @@ class LanesMachine(RuleBasedStateMachine):
         self.sim.scatter(self.worker(i), {f"t-{self.ntasks}": 8}, client, self.sim.sid("scatter"))
 
     @precondition(lambda self: any(ws.processing or ws.draining for ws in self.s.workers.values()))
-    @rule(i=st.integers(0, 10**6))
-    def finish(self, i):
+    @rule(i=st.integers(0, 10**6), duration=st.sampled_from([0.001, 0.01, 0.1, 1.0, 4.0]))
+    def finish(self, i, duration):
         self.sim.drain_all()
         runnable = self.sim.runnable()
         if runnable:
-            self.sim.finish(pick(map(str, runnable), i), nbytes=8)
+            self.sim.finish(pick(map(str, runnable), i), nbytes=8, duration=duration)
 
     # --- clients ----------------------------------------------------------------------------
 
@@ -223,6 +232,15 @@ class LanesMachine(RuleBasedStateMachine):
     def set_lanes_enabled(self, enabled, why):
         self.s.set_lanes_enabled(enabled, why)
         self.s.validate_state()  # (no batch ends here: check now)
+
+    @precondition(lambda self: self.s.lanes_of_worker)
+    @rule()
+    def share_durations(self):
+        self.s.share_lane_durations()
+        for name, prefix in self.s.prefixes.items():
+            if prefix.recent_duration is not None and self.s.lanes_of_worker:
+                shared = self.s._shared_durations[name]
+                assert abs(prefix.recent_duration - shared) <= DURATIONS_CHANGE * shared
 
     # --- lane runs reported -----------------------------------------------------------------
 
@@ -332,11 +350,15 @@ class LanesMachine(RuleBasedStateMachine):
                     assert msg.lane in believed, f"{client} told of a lane it does not hold"
                     believed.pop(msg.lane)
         for address, msgs in list(self.comm.workers.items()):
-            kinds = (LaneGrant, LaneOpen, LaneClosed, CopyKeys)
+            kinds = (LaneGrant, LaneOpen, LaneClosed, CopyKeys, LaneDurations)
             msgs = [msg for msg in msgs if isinstance(msg, kinds)]
             for msg in msgs:
                 if isinstance(msg, CopyKeys):
                     self.copies.extend((address, d.key, d.nbytes) for d in msg.deps)
+                    continue
+                if isinstance(msg, LaneDurations):
+                    assert address in self.s.workers, f"durations to a stranger {address}"
+                    self.worker_durations.setdefault(address, {}).update(msg.durations)
                     continue
                 assert address in self.worker_lanes, f"lane message to a stranger {address}"
                 believed = self.worker_lanes[address]
@@ -352,6 +374,7 @@ class LanesMachine(RuleBasedStateMachine):
         self.comm.clear()
         for address in set(self.worker_lanes) - set(self.s.workers):
             del self.worker_lanes[address]  # gone: nobody left to believe anything
+            self.worker_durations.pop(address, None)
 
     @invariant()
     def lanes_believed_are_lanes_open(self):
@@ -373,6 +396,10 @@ class LanesMachine(RuleBasedStateMachine):
                 lane_id: lane.client for lane_id, lane in s.lanes_of_worker.get(address, {}).items()
             }
             assert believed == filed, (address, believed, filed)
+        for address in s.lanes_of_worker:
+            believed = self.worker_durations.get(address, {})
+            for name, shared in s._shared_durations.items():
+                assert believed.get(name) == shared, (address, name, believed, shared)
         if not s.lanes_enabled:
             assert not s.lanes
             assert not any(self.client_lanes.values()) and not any(self.worker_lanes.values())
@@ -380,3 +407,89 @@ class LanesMachine(RuleBasedStateMachine):
 
 def test_lanes_believed_are_lanes_open():
     run_state_machine_as_test(LanesMachine, settings=MACHINE_SETTINGS)
+
+
+class DurationsMachine(RuleBasedStateMachine):
+    """The prefixes' durations shared with the workers that have lanes, under workers
+    coming and going, lanes granted and closed, and durations measured (tasks run
+    through the scheduler, and lane runs reported). A model of each worker is fed the
+    ``LaneDurations`` it is sent; after every step, a worker with lanes holds exactly
+    what the scheduler says it shared, and after each share every measured prefix is
+    within DURATIONS_CHANGE of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = Sim(workers={}, clients=CLIENTS)
+        self.s = self.sim.s
+        self.believed: dict[str, dict[str, float]] = {}
+        self.ntasks = 0
+        self.nrequests = 0
+
+    @precondition(lambda self: len(self.s.workers) < 3)
+    @rule(i=st.integers(0, 10**6))
+    def add_worker(self, i):
+        self.sim.add_worker(pick(set(ADDRESSES[:3]) - set(self.s.workers), i), 2)
+
+    @precondition(lambda self: self.s.workers)
+    @rule(i=st.integers(0, 10**6))
+    def remove_worker(self, i):
+        self.sim.remove_worker(pick(self.s.workers, i), self.sim.sid("remove"))
+
+    @rule(i=st.integers(0, 10**6))
+    def request_lane(self, i):
+        self.nrequests += 1
+        self.s.handle_client(pick(CLIENTS, i), LaneRequest(self.nrequests))
+
+    @rule(enabled=st.booleans())
+    def set_lanes_enabled(self, enabled):
+        self.s.set_lanes_enabled(enabled, "off")
+
+    @precondition(lambda self: self.s.workers)
+    @rule(prefix=st.sampled_from(TASK_PREFIXES), seconds=st.sampled_from(DURATIONS))
+    def task_runs(self, prefix, seconds):
+        """A task of ``prefix`` is submitted and runs for ``seconds``."""
+        self.ntasks += 1
+        key = f"{prefix}-{self.ntasks}"
+        self.sim.submit({key: []}, client=CLIENTS[0], sid=self.sim.sid("submit"))
+        if self.s.tasks[key].state == "processing":
+            self.sim.finish(key, duration=seconds)
+
+    @precondition(lambda self: self.s.lanes_of_worker)
+    @rule(i=st.integers(0, 10**6), prefix=st.sampled_from(TASK_PREFIXES), took=st.floats(0, 10))
+    def lane_ran(self, i, prefix, took):
+        address = pick(self.s.lanes_of_worker, i)
+        lane = pick(self.s.lanes_of_worker[address], i)
+        self.s.handle_worker(address, LaneRan(lane, f"{prefix}-x", "memory", 1.0, 1.0 + took))
+
+    @precondition(lambda self: self.s.lanes_of_worker)  # (else it does nothing)
+    @rule()
+    def share(self):
+        self.s.share_lane_durations()
+        self._sync()
+        if self.s.lanes_of_worker:
+            for name, prefix in self.s.prefixes.items():
+                if prefix.recent_duration is not None:
+                    shared = self.s._shared_durations[name]
+                    assert abs(prefix.recent_duration - shared) <= DURATIONS_CHANGE * shared
+
+    def _sync(self) -> None:
+        for address, msgs in self.sim.comm.workers.items():
+            for msg in msgs:
+                if isinstance(msg, LaneDurations):
+                    assert address in self.s.workers, f"durations to a stranger {address}"
+                    self.believed.setdefault(address, {}).update(msg.durations)
+        self.sim.comm.clear()
+        for address in set(self.believed) - set(self.s.workers):
+            del self.believed[address]  # gone: its table with it
+
+    @invariant()
+    def workers_with_lanes_hold_what_was_shared(self):
+        self._sync()
+        for address in self.s.lanes_of_worker:
+            believed = self.believed.get(address, {})
+            for name, shared in self.s._shared_durations.items():
+                assert believed.get(name) == shared, (address, name, believed, shared)
+
+
+def test_workers_with_lanes_hold_the_durations_shared():
+    run_state_machine_as_test(DurationsMachine, settings=MACHINE_SETTINGS)

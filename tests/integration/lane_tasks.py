@@ -70,3 +70,32 @@ def big_array(n: int) -> Any:
     import numpy as np
 
     return np.arange(n, dtype="float64")
+
+
+def maybe_fail(x: int, fail: bool) -> int:
+    """Fails only when asked: its prefix is measured from its runs that pass."""
+    if fail:
+        raise ValueError(f"graph task failed on {x}")
+    return x
+
+
+def nap(x: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return x
+
+
+def hangs_first(x: int, marker: str, started: str) -> int:
+    """``first_run_hangs`` for a graph: with ``marker`` absent, marks it, says it
+    started and hangs; else returns ``x`` at once (its prefix measured then)."""
+    if not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        Path(started).write_text(str(os.getpid()))
+        time.sleep(120)
+        return -1
+    return x
+
+
+def block(n: int) -> Any:
+    import numpy as np
+
+    return np.ones(n)

@@ -210,6 +210,26 @@ def test_metrics_match_what_the_client_is_told(spawn: Spawn, tmp_path: Path) -> 
         )
         assert worker_runs == runs
 
+        # A small graph by lane: one run for the workers, a task each for the scheduler.
+        def graph_by_lane() -> bool:
+            graph = dask.delayed(count)(dask.delayed(count)(1), dask.delayed(count)(2, 3))
+            assert graph.compute(scheduler=client.get) == 2
+            time.sleep(0.1)  # (the scheduler shares the prefix's duration every 0.5 s)
+            return client._lanes.graph_runs > 0
+
+        wait_until(graph_by_lane)
+        graphs = client._lanes.graph_runs
+        worker_samples = [scrape(w["http_address"] + "/metrics") for w in workers.values()]
+        assert sum(value(s, "shoal_worker_lane_graph_runs_total") for s in worker_samples) == graphs
+        assert sum(value(s, "shoal_worker_lane_runs_total") for s in worker_samples) == (
+            client._lanes.runs
+        )
+        assert sum(value(s, "shoal_worker_lane_graphs_stopped_total") for s in worker_samples) == 0
+        wait_until(
+            lambda: value(scrape(metrics_url), "shoal_scheduler_lane_runs_total")
+            == runs + 3 * graphs
+        )
+
 
 def _get(url: str, token: str | None = None) -> int:
     return fetch(url, token)[0]

@@ -339,7 +339,19 @@ SAMPLES: dict[type[m.Message], m.Message] = {
         traceback="Traceback ...",
         reason="worker tcp://w:1 is busy",
         output=b"\x91\x92\xa6stdout\xa2hi",
+        too_long=True,
     ),
+    m.LaneRunGraph: m.LaneRunGraph(
+        request_id=44,
+        lane="lane-3",
+        tasks=[
+            m.TaskSpec(key=("ones", 0), func="f" * 24, payload=SMALL),
+            m.TaskSpec(key="sum-1", func="g" * 24, payload=SMALL, deps=[("ones", 0)]),
+        ],
+        keys=["sum-1", ("ones", 0)],
+        functions={"f" * 24: b"\x80\x05function"},
+    ),
+    m.LaneDurations: m.LaneDurations(durations={"ones": 0.0125, "sum": 2.5e-05}),
     m.LaneBusy: m.LaneBusy(lane="lane-3", key=("sum", 1)),
     m.LaneRan: m.LaneRan(
         lane="lane-3", key=("sum", 1), status="erred", start=1.5, stop=2.0, nbytes=28
@@ -661,6 +673,15 @@ def test_negative_or_nan_task_durations_are_refused(duration):
     raw = msgspec.structs.astuple(m.TaskSpec("k", "", SMALL))[:-1] + (duration,)
     with pytest.raises(ProtocolError, match="invalid task duration"):
         decode_raw([["SubmitTasks", [raw], []]])
+
+
+def test_a_finished_lane_result_carries_a_value_per_key_and_at_least_one():
+    two = m.LaneResult(1, "finished", payloads=[SMALL, PAYLOAD])  # a graph's two keys
+    assert decode_raw([msgspec.msgpack.decode(msgspec.msgpack.encode(two))]) == [two]
+    with pytest.raises(ProtocolError, match="a finished lane result with no value"):
+        decode_raw([["LaneResult", 1, "finished"]])
+    with pytest.raises(ProtocolError, match="unknown lane result status 'done'"):
+        decode_raw([["LaneResult", 1, "done"]])
 
 
 def test_bad_message_anywhere_in_batch_is_refused():

@@ -23,9 +23,11 @@ from shoal.client.graph.dask_graph import (
     skip_aliases,
 )
 from shoal.client.graph.gc_pause import gc_paused
+from shoal.client.graph.lane_graph import lane_graph
 from shoal.client.graph.order import TRIVIAL_TASKS, order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
-from shoal.lanes._client import NOT_RUN
+from shoal.core.worker.lanes import GRAPH_TASKS
+from shoal.lanes._client import NOT_RUN, graph_prefixes
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 from shoal.shuffle import _dask as shuffle_dask
@@ -271,15 +273,22 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         # The futures live until gathered (in the coroutine), then go, releasing the keys.
         return client.gather(_pack(keys, submit_graph(client, dsk, flat, options)))
     graph, materialized = dsk, False
-    if len(flat) == 1 and client._lanes.enabled:
+    if client._lanes.enabled and len(flat) <= GRAPH_TASKS:
         graph, materialized = _materialize(dsk), True
-        tasks, by_type, _ = graph
+        tasks, by_type, layer_templates = graph
         if _single_task(tasks, flat):
             value = client._lanes.run(
                 flat[0], lambda: _lane_spec(client, tasks, by_type, options)
             )
             if value is not NOT_RUN:
                 return _pack(keys, {flat[0]: value})
+        elif len(tasks) <= 2 * GRAPH_TASKS:  # (aliases and unused keys go before it runs)
+            values = client._lanes.run_graph(
+                graph_prefixes(tasks),
+                lambda: lane_graph(client, tasks, by_type, layer_templates, flat, options),
+            )
+            if values is not NOT_RUN:
+                return _pack(keys, values)
     for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
         placed: dict[Key, Future] = {}
         futures: dict[Key, Future] = {}

@@ -168,6 +168,20 @@ class GraphDataCache:
         del evicted  # released here, outside the lock
 
 
+def has_large_data(dsk: Mapping[Key, Any]) -> bool:
+    """Whether ``dsk`` has a data node that :func:`place` would put on the workers."""
+    from dask._task_spec import DataNode
+
+    min_bytes = -1  # looked up at the first data node: most graphs have none
+    for node in dsk.values():
+        if type(node) is DataNode:
+            if min_bytes < 0:
+                min_bytes = _bytes_setting(MIN_BYTES_KEY)
+            if data_size(node.value) >= min_bytes:
+                return True
+    return False
+
+
 def place(
     client: Client,
     dsk: Mapping[Key, Any],

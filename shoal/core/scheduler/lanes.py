@@ -29,6 +29,14 @@ one is over in microseconds; one that goes on is announced (``LaneBusy``) and co
 thread of its worker busy, as a thread still running a released task does (placement's
 draining count), until its ``LaneRan``: placement and stealing then see the thread as
 taken, and the worker gets no more queued work than its other threads can take.
+
+A worker takes a client's small graph whole only when the prefixes' recent durations
+say it is short (``shoal/core/worker/lanes.py``), and only the scheduler measures every
+prefix. So a worker is sent them all when its first lane opens (``LaneDurations``), and
+then, every ``DURATIONS_INTERVAL`` while it has lanes, those that changed by more than
+``DURATIONS_CHANGE``: a periodic look at the prefixes, nothing per task. Every worker
+with lanes then holds the same values (``_shared_durations``), each within
+DURATIONS_CHANGE of the prefix's own after every share.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
 
 _RUN_MARK = "shoal-lane-run"
+DURATIONS_INTERVAL = 0.5  # seconds between the server's share_lane_durations calls
+DURATIONS_CHANGE = 0.1  # a prefix's duration is shared again when it moved this much
+DURATIONS_SHARED = 10_000  # at most this many prefixes (the newest) in a worker's first
 
 
 def _run_marker(lane: str, key: Key) -> Key:
@@ -100,6 +111,7 @@ class Lanes:
         # ``gone`` when that worker is removed (a run may still wait on it)
         self.closed_lanes: dict[str, dict[str, str]] = {}
         self._lane_ids = itertools.count(1)
+        self._shared_durations: dict[str, float] = {}  # prefix -> as last shared
 
     # ------------------------------------------------------------------ granting
 
@@ -112,6 +124,8 @@ class Lanes:
             self.comm.send_client(cs.id, m.LaneGrant(msg.request_id, reason=reason))
             return
         lane = LaneRecord(f"lane-{next(self._lane_ids)}", cs.id, worker.address)
+        if worker.address not in self.lanes_of_worker:
+            self._first_lane_durations(worker.address)
         self.lanes[lane.id] = lane
         self.lane_of_client[cs.id] = lane
         self.lanes_of_worker.setdefault(worker.address, {})[lane.id] = lane
@@ -190,6 +204,42 @@ class Lanes:
         if not enabled:
             for lane in list(self.lanes.values()):
                 self._close_lane(lane, self.lanes_off_reason)
+
+    # ------------------------------------------------------------------ durations
+
+    def share_lane_durations(self) -> None:
+        """Send the workers that have lanes the prefixes' durations that changed since
+        the last share (by DURATIONS_CHANGE, relative) or were first measured: they all
+        then hold what ``_shared_durations`` says."""
+        if self.lanes_of_worker:
+            self._send_durations(self._durations_changed())
+
+    def _durations_changed(self) -> dict[str, float]:
+        shared = self._shared_durations
+        changed: dict[str, float] = {}
+        for name, prefix in self.prefixes.items():
+            now = prefix.recent_duration
+            if now is None:
+                continue
+            before = shared.get(name)
+            if before is None or abs(now - before) > DURATIONS_CHANGE * before:
+                changed[name] = shared[name] = now
+        if len(shared) > 2 * len(self.prefixes) + 1000:  # prefixes forgotten since
+            self._shared_durations = {n: d for n, d in shared.items() if n in self.prefixes}
+        return changed
+
+    def _send_durations(self, changed: dict[str, float]) -> None:
+        if changed:
+            msg = m.LaneDurations(changed)
+            for address in self.lanes_of_worker:
+                self.comm.send_worker(address, msg)
+
+    def _first_lane_durations(self, address: str) -> None:
+        """``address`` gets its first lane: the workers with lanes are brought up to
+        date, then it is sent all they know (the newest DURATIONS_SHARED prefixes)."""
+        self._send_durations(self._durations_changed())
+        known = list(self._shared_durations.items())[-DURATIONS_SHARED:]
+        self.comm.send_worker(address, m.LaneDurations(dict(known)))
 
     # ------------------------------------------------------------------ runs reported
 

@@ -1,11 +1,14 @@
-"""Lanes: a client runs a one-task ``get`` on a worker directly, the scheduler told
-after (see ``shoal/lanes/__init__.py`` for the design and its rules).
+"""Lanes: a client runs a one-task ``get``, or a small graph's, on a worker directly,
+the scheduler told after (see ``shoal/lanes/__init__.py`` for the design and its rules).
 
 The scheduler grants a client a lane (``LaneRequest`` -> ``LaneGrant``) and tells the
 worker (``LaneOpen``); either side is told when it closes (``LaneClosed``). The client
-sends ``LaneRun`` to the worker, which answers ``LaneResult`` (or declines) and then
-reports ``LaneRan`` to the scheduler, for the task stream and the durations; a run that
-goes on for a while is announced (``LaneBusy``), so that it counts as a busy thread.
+sends ``LaneRun`` (one task) or ``LaneRunGraph`` (a small graph) to the worker, which
+answers ``LaneResult`` (or declines) and then reports ``LaneRan`` for each task it ran to
+the scheduler, for the task stream and the durations; a run that goes on for a while is
+announced (``LaneBusy``), so that it counts as a busy thread. The scheduler shares the
+prefixes' durations with the workers that have lanes (``LaneDurations``): a worker
+takes a graph only when they say it is short.
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ class LaneOpen(Message):
     client: str
 
 
+class LaneDurations(Message):
+    """Recent seconds per task prefix (``TaskPrefix.recent_duration``): all the
+    scheduler knows when a worker's first lane opens, then those that changed."""
+
+    durations: dict[str, float]
+
+
 # --- client -> worker ----------------------------------------------------------------
 
 
@@ -69,14 +79,28 @@ class LaneRun(Message):
     functions: dict[str, bytes] = {}
 
 
+class LaneRunGraph(Message):
+    """Run ``tasks`` (each after its dependencies, which are all among them) and answer
+    with the values of ``keys``, in that order."""
+
+    request_id: int
+    lane: str
+    tasks: list[TaskSpec]
+    keys: list[Key]
+    functions: dict[str, bytes] = {}
+
+
 # --- worker -> client ----------------------------------------------------------------
 
 
 class LaneResult(Message):
-    """``status`` "finished" (``payloads``: the value, its buffers in the frame), "erred"
-    (``exception``, ``traceback``) or "declined" (``reason``: nothing ran; the client
-    submits through the scheduler). ``output``: what the task printed, warned and
-    logged (``shoal/server/output.py``'s entries)."""
+    """``status`` "finished" (``payloads``: the value of each key asked for, their
+    buffers in the frame), "erred" (``exception``, ``traceback``: the first task that
+    failed) or "declined" (``reason``: no answer; the client submits through the
+    scheduler). ``output``: what the tasks printed, warned and logged
+    (``shoal/server/output.py``'s entries). ``too_long``: a graph that stopped part
+    way, run too long or holding too much (the client stops offering its kind for a
+    while: its estimate was wrong)."""
 
     request_id: int
     status: str
@@ -86,12 +110,13 @@ class LaneResult(Message):
     traceback: str = ""
     reason: str = ""
     output: bytes = b""
+    too_long: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in ("finished", "erred", "declined"):
             raise ValueError(f"unknown lane result status {self.status!r}")
-        if self.status == "finished" and len(self.payloads) != 1:
-            raise ValueError(f"a finished lane result with {len(self.payloads)} values")
+        if self.status == "finished" and not self.payloads:
+            raise ValueError("a finished lane result with no value")
         if self.status == "erred" and self.exception is None:
             raise ValueError("an erred lane result without an exception")
 
@@ -109,7 +134,9 @@ class LaneBusy(Message):
 
 class LaneRan(Message):
     """The worker ran ``key`` under ``lane`` (after answering the client): for the task
-    stream and the prefix's durations. ``status``: "memory" or "erred"."""
+    stream and the prefix's durations. ``status``: "memory" or "erred". A graph's run
+    is reported task by task, all together at its end; its ``LaneBusy`` names its first
+    task."""
 
     lane: str
     key: Key

@@ -122,12 +122,7 @@ class WorkerLanes:
             msg.keys,
             self.durations,
             self.graph_limits,
-            lane=msg.lane,
-            lane_open=msg.lane in self.open,
-            running=self.running,
-            leaving=worker._closed.is_set() or bool(worker.leaving),
-            limited=worker.lifetime.limited,
-            watched=worker.plugins.watching,
+            **self._facts(msg.lane),
         )
         if reason:
             self.declined += 1
@@ -152,17 +147,19 @@ class WorkerLanes:
             self._busy_timer = loop.call_later(BUSY_AFTER, self._announce, msg.lane, first)
 
     def _decline_reason(self, msg: m.LaneRun) -> str:
+        return lane_decline_reason(self.worker.state, msg.task, **self._facts(msg.lane))
+
+    def _facts(self, lane: str) -> dict[str, Any]:
+        """What the rules of ``shoal/core/worker/lanes.py`` know of this worker."""
         worker = self.worker
-        return lane_decline_reason(
-            worker.state,
-            msg.task,
-            lane=msg.lane,
-            lane_open=msg.lane in self.open,
-            running=self.running,
-            leaving=worker._closed.is_set() or bool(worker.leaving),
-            limited=worker.lifetime.limited,
-            watched=worker.plugins.watching,
-        )
+        return {
+            "lane": lane,
+            "lane_open": lane in self.open,
+            "running": self.running,
+            "leaving": worker._closed.is_set() or bool(worker.leaving),
+            "limited": worker.lifetime.limited,
+            "watched": worker.plugins.watching,
+        }
 
     def _run_thread(self) -> None:
         assert self._queue is not None

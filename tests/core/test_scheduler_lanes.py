@@ -18,6 +18,7 @@ from shoal.protocol.messages import (
     LaneOpen,
     LaneRan,
     LaneRequest,
+    LaneRunGraph,
     Message,
     RetireReply,
     RetireWorkers,
@@ -553,7 +554,14 @@ def test_lane_messages_from_the_wrong_side_are_refused():
         sim.s.handle_worker(W1, LaneRequest(1))
     with pytest.raises(TypeError, match="a client may not send LaneRan"):
         sim.s.handle_client("c", LaneRan("lane-1", "a-1", "memory", 0.0, 1.0))
-    for msg in (LaneOpen("lane-1", "c"), LaneClosed("lane-1"), LaneGrant(1)):
+    graph = LaneRunGraph(1, "lane-1", [], [])
+    for msg in (
+        LaneOpen("lane-1", "c"),
+        LaneClosed("lane-1"),
+        LaneGrant(1),
+        LaneDurations({"inc": 1.0}),
+        graph,
+    ):
         with pytest.raises(TypeError, match="may not send"):
             sim.s.handle_client("c", msg)
         with pytest.raises(TypeError, match="may not send"):

@@ -224,7 +224,8 @@ def test_results_through_shoal_equal_sync(
     (expected,) = dask.compute(_arrays()[name], scheduler="sync")
     np.testing.assert_array_equal(client.compute(_arrays()[name]).result(), expected)
     np.testing.assert_array_equal(dask.compute(_arrays()[name], scheduler=client.get)[0], expected)
-    # Both computes handed the encoder the templates the expansion makes.
+    # Both computes handed the encoder the templates the expansion makes, once each (a
+    # get offered to a lane and declined goes to the scheduler as encoded for the lane).
     _, layers = materialised(_arrays()[name])
     assert used == [len(layers)] * 2
 

@@ -274,3 +274,15 @@ def test_a_worker_declines_graphs_out_of_order_or_outside_an_open_lane(client: C
         assert reply.status == "finished" and loads_value(reply.payloads[0], buffers) == 6
     finally:
         channel.close()
+
+
+def test_a_graph_offered_to_a_lane_carries_the_computes_priority(client: Client) -> None:
+    """(A graph the lane declines goes to the scheduler as encoded for the lane.)"""
+    total = delayed(sum)([delayed(double)(1), delayed(double)(2)])
+    tasks, by_type, templates = _materialize(total.__dask_graph__())
+    options = {"priority": 3}
+    encoded = lane_graph(client, tasks, by_type, templates, [total.key], options)
+    assert encoded is not None and [spec.priority for spec in encoded.tasks] == [3, 3, 3]
+    assert encoded.keys == [total.key] and encoded.tasks[-1].key == total.key
+    for refused in ({"retries": 2}, {"workers": ["x"]}, {"resources": {"GPU": 1}}, {"duration": 5}):
+        assert lane_graph(client, tasks, by_type, templates, [total.key], refused) is None

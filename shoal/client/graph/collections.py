@@ -23,7 +23,7 @@ from shoal.client.graph.dask_graph import (
     skip_aliases,
 )
 from shoal.client.graph.gc_pause import gc_paused
-from shoal.client.graph.lane_graph import lane_graph
+from shoal.client.graph.lane_graph import LaneGraph, lane_graph
 from shoal.client.graph.order import TRIVIAL_TASKS, order_bound, submission_order
 from shoal.client.restrictions import duration_hint, task_restrictions
 from shoal.core.worker.lanes import GRAPH_TASKS
@@ -263,6 +263,14 @@ def _lane_spec(
     return None if spec.shuffle is not None else spec
 
 
+def _submit_lane_graph(client: Client, graph: LaneGraph, asked: list[Key]) -> dict[Key, Future]:
+    """Futures for ``asked``, from a graph encoded for a lane: ``submit_graph``'s
+    submission of it (the same cull, aliases, order, task specs and options, and no
+    graph data to place: lane_graph takes no graph that has any)."""
+    futures = dict(zip(graph.keys, client._submit_parts(iter([graph.tasks]), graph.keys)))
+    return {k: futures[graph.targets.get(k, k)] for k in asked}
+
+
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Dask's scheduler protocol: compute ``keys`` (a key or nested lists of keys) of
     ``dsk`` and return their values in the same structure. Options like ``compute``'s
@@ -283,12 +291,18 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
             if value is not NOT_RUN:
                 return _pack(keys, {flat[0]: value})
         elif len(tasks) <= 2 * GRAPH_TASKS:  # (aliases and unused keys go before it runs)
-            values = client._lanes.run_graph(
-                graph_prefixes(tasks),
-                lambda: lane_graph(client, tasks, by_type, layer_templates, flat, options),
-            )
+            offered: list[LaneGraph] = []
+
+            def offer() -> LaneGraph | None:
+                made = lane_graph(client, tasks, by_type, layer_templates, flat, options)
+                offered.extend([made] if made is not None else [])
+                return made
+
+            values = client._lanes.run_graph(graph_prefixes(tasks), offer)
             if values is not NOT_RUN:
                 return _pack(keys, values)
+            if offered:  # declined: the very tasks go through the scheduler, encoded once
+                return client.gather(_pack(keys, _submit_lane_graph(client, offered[0], flat)))
     for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
         placed: dict[Key, Future] = {}
         futures: dict[Key, Future] = {}

@@ -1,5 +1,6 @@
 """Which small graphs a ``get`` offers to its lane whole (``shoal/lanes``), encoded as
-the scheduler would receive them: the same cull, aliases, order and task specs.
+the scheduler would receive them: the same cull, aliases, order and task specs (a
+graph the lane declines goes to the scheduler as encoded here, not encoded again).
 
 The client decides what may go (the graph's shape and options); the worker decides
 whether it is short enough (``shoal/core/worker/lanes.py``, by the prefixes'
@@ -78,8 +79,9 @@ def lane_graph(
     ordered = submission_order(dsk, None, index, client._orders)
     tasks = []
     size = 0
+    priority = int(defaults.get("priority", 0))  # (for the scheduler, if declined)
     for key in ordered:
-        spec = encoder.task_spec(key, dsk[key])
+        spec = encoder.task_spec(key, dsk[key], priority=priority)
         size += len(spec.payload.data)
         # A future in a task's arguments is a dependency the graph does not have.
         if size > GRAPH_BYTES or any(dep not in dsk for dep in spec.deps):

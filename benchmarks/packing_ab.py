@@ -24,8 +24,8 @@ both worker processes under ``SCHED_BATCH`` ("on": a worker woken up never preem
 process running, the scheduler or the client) or the default ``SCHED_OTHER`` ("off"),
 set from this process with ``os.sched_setscheduler``. Tried for shoal's workers and not
 kept: PROFILE-interactive.md, section 9. ``--rule lanes`` switches the client's lanes
-(shoal/lanes): "on", a one-task get goes straight to the worker the scheduler granted;
-"off", through the scheduler.
+(shoal/lanes): "on", a one-task get, or a small graph's, goes straight to the worker
+the scheduler granted; "off", through the scheduler.
 """
 
 from __future__ import annotations

@@ -70,12 +70,7 @@ def submit_graph(
     dsk, by_type, layer_templates = graph if materialized else _materialize(graph)
     if _single_task(dsk, asked):
         return _submit_single_task(client, dsk, by_type, options)
-    dsk = cull(dsk, asked)
-    targets = alias_targets(dsk, asked) if follow_aliases else {}
-    keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
-    if targets:
-        dsk = cull(dsk, keys)
-    dsk = skip_aliases(dsk, keys)
+    dsk, targets, keys = cull_to(dsk, asked, follow_aliases)
     marks = shuffle_dask.shuffle_marks(dsk)  # the scheduler coordinates these tasks
     held = client._states
     unknown = [k for k in keys if k not in dsk and k not in held]
@@ -143,6 +138,21 @@ def submit_graph(
     futures = dict(zip(keys, client._submit_parts(parts(), keys)))
     del data  # released after the graph that depends on them (the outbox keeps order)
     return {k: futures[targets.get(k, k)] for k in asked}
+
+
+def cull_to(
+    dsk: dict[Key, Any], asked: list[Key], follow_aliases: bool
+) -> tuple[dict[Key, Any], dict[Key, Key], list[Key]]:
+    """The part of ``dsk`` that ``asked`` (distinct keys) needs, without the aliases
+    nobody asked for; with ``follow_aliases``, a key asked for that is an alias is
+    answered by the key it names (``targets``). Returns the graph, the targets, and the
+    keys to submit (``asked`` through the targets)."""
+    dsk = cull(dsk, asked)
+    targets = alias_targets(dsk, asked) if follow_aliases else {}
+    keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
+    if targets:
+        dsk = cull(dsk, keys)
+    return skip_aliases(dsk, keys), targets, keys
 
 
 def _materialize(graph: Any) -> tuple[dict[Key, Any], dict[str, dict[Key, Any]], dict[str, Any]]:

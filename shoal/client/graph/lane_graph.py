@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shoal.client.graph import data as graph_data
-from shoal.client.graph.dask_graph import alias_targets, check_graph, cull, skip_aliases
+from shoal.client.graph.dask_graph import check_graph
 from shoal.core.worker.lanes import GRAPH_TASKS
 from shoal.protocol import messages as m
 from shoal.protocol.messages import Key
@@ -49,7 +49,7 @@ def lane_graph(
     options: dict[str, Any] | None,
 ) -> LaneGraph | None:
     """``dsk`` (materialised) encoded for a lane, or None if it may not go by one."""
-    from shoal.client.graph.collections import SMALL_GRAPH_TASKS, _annotation_defaults
+    from shoal.client.graph.collections import SMALL_GRAPH_TASKS, _annotation_defaults, cull_to
     from shoal.client.graph.order import submission_order
 
     if any(by_type.values()):
@@ -57,13 +57,7 @@ def lane_graph(
     defaults = _annotation_defaults(options)
     if any(defaults.get(name) for name in _NEEDS_SCHEDULER):
         return None
-    asked = list(dict.fromkeys(asked))
-    dsk = cull(dsk, asked)
-    targets = alias_targets(dsk, asked)
-    keys = list(dict.fromkeys(targets.get(k, k) for k in asked))
-    if targets:
-        dsk = cull(dsk, keys)
-    dsk = skip_aliases(dsk, keys)
+    dsk, targets, keys = cull_to(dsk, list(dict.fromkeys(asked)), follow_aliases=True)
     if not 0 < len(dsk) <= GRAPH_TASKS or any(k not in dsk for k in keys):
         return None
     if shuffle_dask.shuffle_marks(dsk) or graph_data.has_large_data(dsk):

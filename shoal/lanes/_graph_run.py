@@ -71,9 +71,10 @@ def run_graph(worker: Worker, msg: m.LaneRunGraph, limits: GraphLimits) -> Graph
         out.ran.append(
             m.LaneRan(msg.lane, task.key, "memory", result.start, result.stop, result.nbytes)
         )
-        results[task.key] = result.value
-        sizes[task.key] = result.nbytes
-        held += result.nbytes
+        if uses[task.key] or task.key in wanted:  # (else nothing needs it: let go now)
+            results[task.key] = result.value
+            sizes[task.key] = result.nbytes
+            held += result.nbytes
         del result
         for dep in task.deps:  # a dependency's last dependent has run: it goes
             uses[dep] -= 1

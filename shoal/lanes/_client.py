@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from shoal import config
 from shoal.comm.handshake import AuthFailed, ConnectorHandshake
 from shoal.comm.tcp import split_address
-from shoal.core.scheduler.model import group_name, key_split
+from shoal.core.scheduler.model import prefix_name
 from shoal.protocol import messages as m
 from shoal.protocol.framing import FrameDecoder, ProtocolError, encode_frame, message_buffers
 from shoal.protocol.messages import Key
-from shoal.protocol.serialize import loads_value
+from shoal.protocol.serialize import loads_values
 
 if TYPE_CHECKING:
     from shoal.client.client import Client
@@ -214,14 +214,11 @@ class ClientLanes:
         NOT_RUN if it did not go (submit it through the scheduler then). ``make_spec``
         encodes the task, None if it may not go by lane."""
         client = self.client
-        if not self.enabled or client.status != "running" or key in client._states:
+        if key in client._states:
             return NOT_RUN
-        grant = self.grant
+        grant = self._hold()
         if grant is None:
-            self._ask()
             return NOT_RUN
-        if not self._lock.acquire(blocking=False):
-            return NOT_RUN  # another thread's run holds the lane
         try:
             spec = make_spec()
             if spec is None or not spec.func or len(spec.payload.data) > MAX_TASK_BYTES:
@@ -232,35 +229,31 @@ class ClientLanes:
             if answer is None:
                 return NOT_RUN
             reply, buffers = answer
-            return _outcome(client, spec.key, grant[1], reply, buffers)
+            return _outcome(client, [spec.key], grant[1], reply, buffers)[spec.key]
         finally:
             self._lock.release()
 
     def run_graph(
         self, prefixes: frozenset[str], make_graph: Callable[[], LaneGraph | None]
-    ) -> dict[Key, Any] | Any:
+    ) -> tuple[dict[Key, Any] | Any, LaneGraph | None]:
         """The values of a small graph's keys asked for (by key asked for, through
         aliases), run whole by lane, or its first error raised; NOT_RUN if it did not
         go. ``prefixes``: its tasks' (a worker found graphs of them too long lately: not
-        offered); ``make_graph`` encodes it, None if it may not go by lane."""
+        offered); ``make_graph`` encodes it, None if it may not go by lane. Also the
+        graph as encoded, if it was (to go through the scheduler as it is)."""
         client = self.client
-        if not self.enabled or client.status != "running":
-            return NOT_RUN
         until = self._too_long.get(prefixes)
         if until is not None:
             if time.monotonic() < until:
-                return NOT_RUN
+                return NOT_RUN, None
             del self._too_long[prefixes]
-        grant = self.grant
+        grant = self._hold()
         if grant is None:
-            self._ask()
-            return NOT_RUN
-        if not self._lock.acquire(blocking=False):
-            return NOT_RUN
+            return NOT_RUN, None
         try:
             graph = make_graph()
             if graph is None or any(k in client._states for k in graph.keys):
-                return NOT_RUN
+                return NOT_RUN, graph
             answer = self._exchange(
                 grant,
                 graph.tasks,
@@ -268,13 +261,24 @@ class ClientLanes:
                 prefixes,
             )
             if answer is None:
-                return NOT_RUN
+                return NOT_RUN, graph
             reply, buffers = answer
             self.graph_runs += 1
-            values = _graph_outcome(client, graph.keys, grant[1], reply, buffers)
-            return {k: values[t] for k, t in graph.targets.items()} | values
+            values = _outcome(client, graph.keys, grant[1], reply, buffers)
+            return {k: values[t] for k, t in graph.targets.items()} | values, graph
         finally:
             self._lock.release()
+
+    def _hold(self) -> tuple[str, str] | None:
+        """The lane to run on, its lock taken (the caller releases it); None if lanes
+        are off, there is no lane yet (asked for), or another thread's run holds it."""
+        if not self.enabled or self.client.status != "running":
+            return None
+        grant = self.grant
+        if grant is None:
+            self._ask()
+            return None
+        return grant if self._lock.acquire(blocking=False) else None
 
     def _exchange(
         self,
@@ -341,15 +345,15 @@ class ClientLanes:
 def graph_prefixes(keys: Iterable[Key]) -> frozenset[str]:
     """The prefixes of a graph's keys: a graph found too long is not offered again for
     a while by this, its kind."""
-    return frozenset(key_split(group_name(k)) for k in keys)
+    return frozenset(map(prefix_name, keys))
 
 
-def _graph_outcome(
+def _outcome(
     client: Client, keys: list[Key], worker: str, reply: m.LaneResult, buffers: list[memoryview]
 ) -> dict[Key, Any]:
-    """The values of ``keys``, or the graph's first error raised, as a gather would."""
+    """The values of ``keys`` (one task's, or a graph's asked for), or the first error
+    raised, as a gather of their futures would."""
     from shoal.client.client import remote_exception
-    from shoal.protocol.serialize import loads_values
 
     if reply.output and client.forward_output:
         client._output.received(m.TaskOutput(keys[0], worker, reply.output))
@@ -369,25 +373,3 @@ def _graph_outcome(
         raise exc.with_traceback(None)
     finally:
         client._output.reraise(keys[:1], client._states)
-
-
-def _outcome(
-    client: Client, key: m.Key, worker: str, reply: m.LaneResult, buffers: list[memoryview]
-) -> Any:
-    """The task's value, or its exception raised, as a gather of its future would."""
-    from shoal.client.client import remote_exception
-
-    if reply.output and client.forward_output:
-        client._output.received(m.TaskOutput(key, worker, reply.output))
-    try:
-        if reply.status == "finished":
-            try:
-                return loads_value(reply.payloads[0], buffers)
-            except Exception as e:
-                e.add_note(f"raised loading the result of {key!r} from {worker}")
-                raise
-        assert reply.exception is not None
-        exc = remote_exception(reply.exception, reply.traceback)
-        raise exc.with_traceback(None)
-    finally:
-        client._output.reraise([key], client._states)

@@ -28,6 +28,7 @@ from shoal import config
 from shoal._durations import parse_duration
 from shoal.core.worker.lanes import (
     GraphLimits,
+    LaneFacts,
     graph_decline_reason,
     lane_decline_reason,
     task_prefix,
@@ -122,7 +123,7 @@ class WorkerLanes:
             msg.keys,
             self.durations,
             self.graph_limits,
-            **self._facts(msg.lane),
+            self._facts(msg.lane),
         )
         if reason:
             self.declined += 1
@@ -147,19 +148,19 @@ class WorkerLanes:
             self._busy_timer = loop.call_later(BUSY_AFTER, self._announce, msg.lane, first)
 
     def _decline_reason(self, msg: m.LaneRun) -> str:
-        return lane_decline_reason(self.worker.state, msg.task, **self._facts(msg.lane))
+        return lane_decline_reason(self.worker.state, msg.task, self._facts(msg.lane))
 
-    def _facts(self, lane: str) -> dict[str, Any]:
+    def _facts(self, lane: str) -> LaneFacts:
         """What the rules of ``shoal/core/worker/lanes.py`` know of this worker."""
         worker = self.worker
-        return {
-            "lane": lane,
-            "lane_open": lane in self.open,
-            "running": self.running,
-            "leaving": worker._closed.is_set() or bool(worker.leaving),
-            "limited": worker.lifetime.limited,
-            "watched": worker.plugins.watching,
-        }
+        return LaneFacts(
+            lane,
+            lane_open=lane in self.open,
+            running=self.running,
+            leaving=worker._closed.is_set() or bool(worker.leaving),
+            limited=worker.lifetime.limited,
+            watched=worker.plugins.watching,
+        )
 
     def _run_thread(self) -> None:
         assert self._queue is not None
@@ -223,34 +224,14 @@ class WorkerLanes:
             reply = m.LaneResult(
                 msg.request_id, "declined", reason=graph.stopped, output=printed, too_long=True
             )
-        elif graph.failure is not None:
-            self.runs += 1
-            self.graph_runs += 1
-            failure = graph.failure
-            reply = m.LaneResult(
-                msg.request_id,
-                "erred",
-                exception=failure.exception,
-                traceback=failure.traceback,
-                output=printed,
-            )
         else:
             self.runs += 1
             self.graph_runs += 1
-            payloads: list[m.Payload] = []
-            try:
-                for value in graph.values:
-                    payload, more = dumps_value(value)
-                    payloads.append(payload)
-                    buffers.extend(more)
-            except SerializationError as e:
-                buffers = []
-                exc = SerializationError(f"a result of the graph cannot be sent: {e}")
-                reply = m.LaneResult(
-                    msg.request_id, "erred", exception=dumps_exception(exc), output=printed
-                )
+            if graph.failure is not None:
+                reply = _erred(msg.request_id, graph.failure, printed)
             else:
-                reply = m.LaneResult(msg.request_id, "finished", payloads=payloads, output=printed)
+                what = "a result of the graph"
+                reply, buffers = _finished(msg.request_id, graph.values, printed, what)
         graph.values = []
         self._send(conn, reply, buffers, "a result of the graph")
         self._learn(msg.tasks, graph.ran)
@@ -280,31 +261,15 @@ class WorkerLanes:
         buffers: list[memoryview] = []
         status, nbytes = "erred", 0
         if type(result) is ExecuteSuccess:
-            try:
-                payload, buffers = dumps_value(result.value)
-            except SerializationError as e:
-                exc = SerializationError(f"the result of {key!r} cannot be sent: {e}")
-                reply = m.LaneResult(
-                    msg.request_id, "erred", exception=dumps_exception(exc), output=printed
-                )
-            else:
-                reply = m.LaneResult(
-                    msg.request_id,
-                    "finished",
-                    payloads=[payload],
-                    type_name=result.type_name,
-                    output=printed,
-                )
+            what = f"the result of {key!r}"
+            reply, buffers = _finished(
+                msg.request_id, [result.value], printed, what, result.type_name
+            )
+            if reply.status == "finished":
                 status, nbytes = "memory", result.nbytes
         else:
             assert type(result) is ExecuteFailure
-            reply = m.LaneResult(
-                msg.request_id,
-                "erred",
-                exception=result.exception,
-                traceback=result.traceback,
-                output=printed,
-            )
+            reply = _erred(msg.request_id, result, printed)
         start, stop = result.start, result.stop
         del result
         if not self._send(conn, reply, buffers, f"the result of {key!r}"):
@@ -358,6 +323,37 @@ class WorkerLanes:
             self._queue.put(None)
 
 
+def _finished(
+    request_id: int, values: list[Any], printed: bytes, what: str, type_name: str = ""
+) -> tuple[m.LaneResult, list[memoryview]]:
+    """The answer carrying ``values`` and their buffers; if one cannot be serialised, an
+    error saying so (``what``: the values, for the message) and no buffers."""
+    payloads: list[m.Payload] = []
+    buffers: list[memoryview] = []
+    try:
+        for value in values:
+            payload, more = dumps_value(value)
+            payloads.append(payload)
+            buffers.extend(more)
+    except SerializationError as e:
+        exc = SerializationError(f"{what} cannot be sent: {e}")
+        return m.LaneResult(request_id, "erred", exception=dumps_exception(exc), output=printed), []
+    reply = m.LaneResult(
+        request_id, "finished", payloads=payloads, type_name=type_name, output=printed
+    )
+    return reply, buffers
+
+
+def _erred(request_id: int, failure: ExecuteFailure, printed: bytes) -> m.LaneResult:
+    return m.LaneResult(
+        request_id,
+        "erred",
+        exception=failure.exception,
+        traceback=failure.traceback,
+        output=printed,
+    )
+
+
 def graph_limits() -> GraphLimits:
     """``shoal.worker.lane-graphs``, checked once per worker."""
     from dask.utils import parse_bytes
@@ -373,7 +369,9 @@ def graph_limits() -> GraphLimits:
     except ValueError:
         max_bytes = None
     if type(max_bytes) is not int or max_bytes < 0:
-        raise ValueError(f"{name}.max-bytes must be a number of bytes (e.g. '256MiB'), not {value!r}")
+        raise ValueError(
+            f"{name}.max-bytes must be a number of bytes (e.g. '256MiB'), not {value!r}"
+        )
     return GraphLimits(expected, stop_after, max_bytes)
 
 

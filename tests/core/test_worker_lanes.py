@@ -11,6 +11,7 @@ import pytest
 
 from shoal.core.worker.lanes import (
     GraphLimits,
+    LaneFacts,
     graph_decline_reason,
     graph_stop_reason,
     lane_decline_reason,
@@ -21,29 +22,27 @@ from shoal.protocol import messages as m
 from tests.core.test_worker_state import ME, compute, make, ok
 
 TASK = m.TaskSpec(key="sum-1", func="f" * 24, payload=m.Payload(0, b"\x91\x93\x01\x02\x03"))
-IDLE: dict[str, Any] = dict(
-    lane="lane-1", lane_open=True, running=0, leaving=False, limited=False, watched=False
-)
+IDLE = LaneFacts("lane-1", lane_open=True, running=0, leaving=False, limited=False, watched=False)
 
 
 def reason(state: WorkerState | None, task: m.TaskSpec = TASK, **facts: Any) -> str:
-    return lane_decline_reason(state, task, **{**IDLE, **facts})
+    return lane_decline_reason(state, task, IDLE._replace(**facts))
 
 
 def test_an_idle_worker_takes_a_plain_task():
     assert reason(make()) == ""
 
 
-@pytest.mark.parametrize(
-    "facts, expected",
-    [
-        ({"lane_open": False}, f"lane lane-1 is not open on {ME}"),
-        ({"leaving": True}, f"worker {ME} is leaving"),
-        ({"limited": True}, f"worker {ME} has a lifetime or task budget"),
-        ({"watched": True}, "a worker plugin watches transitions"),
-        ({"running": 1}, f"worker {ME} runs another lane task"),
-    ],
-)
+DECLINING_FACTS = [
+    ({"lane_open": False}, f"lane lane-1 is not open on {ME}"),
+    ({"leaving": True}, f"worker {ME} is leaving"),
+    ({"limited": True}, f"worker {ME} has a lifetime or task budget"),
+    ({"watched": True}, "a worker plugin watches transitions"),
+    ({"running": 1}, f"worker {ME} runs another lane task"),
+]
+
+
+@pytest.mark.parametrize("facts, expected", DECLINING_FACTS)
 def test_each_fact_that_declines_names_itself(facts: dict[str, Any], expected: str):
     assert reason(make(), **facts) == expected
 
@@ -124,7 +123,7 @@ def graph_reason(
     **facts: Any,
 ) -> str:
     keys = ["sum-2"] if keys is None else keys
-    return graph_decline_reason(state, tasks, keys, durations, limits, **{**IDLE, **facts})
+    return graph_decline_reason(state, tasks, keys, durations, limits, IDLE._replace(**facts))
 
 
 def test_an_idle_worker_takes_a_short_graph_of_known_prefixes():
@@ -132,16 +131,7 @@ def test_an_idle_worker_takes_a_short_graph_of_known_prefixes():
     assert graph_reason(make(), keys=["sum-2", ("ones-1", 1)]) == ""  # several keys
 
 
-@pytest.mark.parametrize(
-    "facts, expected",
-    [
-        ({"lane_open": False}, f"lane lane-1 is not open on {ME}"),
-        ({"leaving": True}, f"worker {ME} is leaving"),
-        ({"limited": True}, f"worker {ME} has a lifetime or task budget"),
-        ({"watched": True}, "a worker plugin watches transitions"),
-        ({"running": 1}, f"worker {ME} runs another lane task"),
-    ],
-)
+@pytest.mark.parametrize("facts, expected", DECLINING_FACTS)
 def test_a_graph_is_declined_for_the_worker_facts_a_task_is(facts: dict[str, Any], expected: str):
     assert graph_reason(make(), **facts) == expected
 

@@ -301,18 +301,14 @@ def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
             if value is not NOT_RUN:
                 return _pack(keys, {flat[0]: value})
         elif len(tasks) <= 2 * GRAPH_TASKS:  # (aliases and unused keys go before it runs)
-            offered: list[LaneGraph] = []
-
-            def offer() -> LaneGraph | None:
-                made = lane_graph(client, tasks, by_type, layer_templates, flat, options)
-                offered.extend([made] if made is not None else [])
-                return made
-
-            values = client._lanes.run_graph(graph_prefixes(tasks), offer)
+            values, offered = client._lanes.run_graph(
+                graph_prefixes(tasks),
+                lambda: lane_graph(client, tasks, by_type, layer_templates, flat, options),
+            )
             if values is not NOT_RUN:
                 return _pack(keys, values)
-            if offered:  # declined: the very tasks go through the scheduler, encoded once
-                return client.gather(_pack(keys, _submit_lane_graph(client, offered[0], flat)))
+            if offered is not None:  # declined: the same tasks to the scheduler, encoded once
+                return client.gather(_pack(keys, _submit_lane_graph(client, offered, flat)))
     for attempt in range(1, LOST_DATA_ATTEMPTS + 1):
         placed: dict[Key, Future] = {}
         futures: dict[Key, Future] = {}

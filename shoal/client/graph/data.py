@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shoal.client.futures import Future
@@ -168,18 +168,26 @@ class GraphDataCache:
         del evicted  # released here, outside the lock
 
 
-def has_large_data(dsk: Mapping[Key, Any]) -> bool:
-    """Whether ``dsk`` has a data node that :func:`place` would put on the workers."""
+def _large_data(dsk: Mapping[Key, Any]) -> Iterator[tuple[Key, Any, int]]:
+    """The data nodes of ``dsk`` kept on the workers apart from the graph: content-keyed
+    and at least ``min-bytes`` big, as ``(key, value, nbytes)``."""
     from dask._task_spec import DataNode
 
     min_bytes = -1  # looked up at the first data node: most graphs have none
-    for node in dsk.values():
-        if type(node) is DataNode:
-            if min_bytes < 0:
-                min_bytes = _bytes_setting(MIN_BYTES_KEY)
-            if data_size(node.value) >= min_bytes:
-                return True
-    return False
+    for key, node in dsk.items():
+        if type(node) is not DataNode or not content_keyed(key):
+            continue
+        value = node.value
+        nbytes = data_size(value)
+        if min_bytes < 0:
+            min_bytes = _bytes_setting(MIN_BYTES_KEY)
+        if nbytes >= min_bytes:
+            yield key, value, nbytes
+
+
+def has_large_data(dsk: Mapping[Key, Any]) -> bool:
+    """Whether ``dsk`` has a data node that :func:`place` would put on the workers."""
+    return next(_large_data(dsk), None) is not None
 
 
 def place(
@@ -191,24 +199,15 @@ def place(
     ``inline(key)``: e.g. tied to workers by annotations) on the workers, or find them
     there already; their futures by key, to be held until the graph is submitted. The
     caller leaves those keys out of the tasks it submits."""
-    from dask._task_spec import DataNode
-
     if client.asynchronous:
         # On the client's loop (an asynchronous client) a scatter cannot be waited
         # for here: the data stays inline in the graph.
         return {}
-    min_bytes = -1  # looked up at the first data node: most graphs have none
     cache = client.graph_data
     found: dict[Key, Future] = {}
     to_send: dict[Key, tuple[Any, str, int]] = {}
-    for key, node in dsk.items():
-        if type(node) is not DataNode or not content_keyed(key):
-            continue
-        value = node.value
-        nbytes = data_size(value)
-        if min_bytes < 0:
-            min_bytes = _bytes_setting(MIN_BYTES_KEY)
-        if nbytes < min_bytes or inline(key):
+    for key, value, nbytes in _large_data(dsk):
+        if inline(key):
             continue
         type_name = f"{type(value).__module__}.{type(value).__qualname__}"
         future = cache.lookup(key, type_name, nbytes)

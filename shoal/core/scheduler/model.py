@@ -35,6 +35,11 @@ def group_name(key: Any) -> str:
     return str(key)
 
 
+def prefix_name(key: Any) -> str:
+    """The TaskPrefix name of a key (or group name): its group's prefix."""
+    return key_split(group_name(key))
+
+
 def key_split(name: Any) -> str:
     """The prefix of a key or group name: ``"inc-1a2b3c4d"`` -> ``"inc"``,
     ``("x-9f0e1d2c", 0, 1)`` -> ``"x"`` (Dask's convention)."""

@@ -21,11 +21,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from shoal.core.scheduler.model import group_name, key_split
+from shoal.core.scheduler.model import prefix_name
 from shoal.core.worker.state import WorkerState
 from shoal.protocol.messages import Key, TaskSpec
 
 GRAPH_TASKS = 64  # at most this many tasks in a graph run by lane
+
+
+class LaneFacts(NamedTuple):
+    """What the shell knows of its worker for these rules. ``running``: lane runs not
+    answered yet; ``leaving``: closing or retiring; ``limited``: a lifetime or task
+    budget; ``watched``: a worker plugin watches transitions (which a lane's task would
+    bypass)."""
+
+    lane: str  # the lane a run names
+    lane_open: bool
+    running: int
+    leaving: bool
+    limited: bool
+    watched: bool
 
 
 class GraphLimits(NamedTuple):
@@ -36,27 +50,15 @@ class GraphLimits(NamedTuple):
     max_bytes: int = 256 * 2**20  # results it may hold at once before it stops
 
 
-def lane_decline_reason(
-    state: WorkerState | None,
-    task: TaskSpec,
-    *,
-    lane: str,
-    lane_open: bool,
-    running: int,
-    leaving: bool,
-    limited: bool,
-    watched: bool,
-) -> str:
-    """Why the run of ``task`` under ``lane`` is declined; "" if the worker takes it.
-    ``running``: lane runs not answered yet; ``leaving``: closing or retiring;
-    ``limited``: a lifetime or task budget; ``watched``: a worker plugin watches
-    transitions (which a lane's task would bypass)."""
+def lane_decline_reason(state: WorkerState | None, task: TaskSpec, facts: LaneFacts) -> str:
+    """Why the run of ``task`` under ``facts.lane`` is declined; "" if the worker takes
+    it."""
     address = state.address if state is not None else ""
-    if not lane_open:
-        return f"lane {lane} is not open on {address}"
+    if not facts.lane_open:
+        return f"lane {facts.lane} is not open on {address}"
     if task.deps or not _plain(task):
         return "a lane runs only a plain task with no dependencies, retries or restrictions"
-    return _worker_reason(state, address, running, leaving, limited, watched)
+    return _worker_reason(state, address, facts)
 
 
 def graph_decline_reason(
@@ -65,20 +67,14 @@ def graph_decline_reason(
     keys: list[Key],
     durations: Mapping[str, float],
     limits: GraphLimits,
-    *,
-    lane: str,
-    lane_open: bool,
-    running: int,
-    leaving: bool,
-    limited: bool,
-    watched: bool,
+    facts: LaneFacts,
 ) -> str:
-    """Why the run of the graph ``tasks`` (for the values of ``keys``) under ``lane`` is
-    declined; "" if the worker takes it. ``durations``: recent seconds per task prefix.
-    The worker's facts as for :func:`lane_decline_reason`."""
+    """Why the run of the graph ``tasks`` (for the values of ``keys``) under
+    ``facts.lane`` is declined; "" if the worker takes it. ``durations``: recent seconds
+    per task prefix."""
     address = state.address if state is not None else ""
-    if not lane_open:
-        return f"lane {lane} is not open on {address}"
+    if not facts.lane_open:
+        return f"lane {facts.lane} is not open on {address}"
     if not tasks or len(tasks) > GRAPH_TASKS:
         return f"a lane runs graphs of 1 to {GRAPH_TASKS} tasks, not {len(tasks)}"
     seen: set[Key] = set()
@@ -94,7 +90,7 @@ def graph_decline_reason(
     missing = [k for k in keys if k not in seen]
     if missing or not keys:
         return f"the keys asked for are not in the graph: {missing[:3]!r}"
-    reason = _worker_reason(state, address, running, leaving, limited, watched)
+    reason = _worker_reason(state, address, facts)
     if reason:
         return reason
     expected = 0.0
@@ -121,7 +117,7 @@ def graph_stop_reason(limits: GraphLimits, elapsed: float, held_bytes: int) -> s
 
 def task_prefix(task: TaskSpec) -> str:
     """The prefix the scheduler counts ``task``'s durations under."""
-    return key_split(task.group or group_name(task.key))
+    return prefix_name(task.group or task.key)
 
 
 def _plain(task: TaskSpec) -> bool:
@@ -134,23 +130,16 @@ def _plain(task: TaskSpec) -> bool:
     )
 
 
-def _worker_reason(
-    state: WorkerState | None,
-    address: str,
-    running: int,
-    leaving: bool,
-    limited: bool,
-    watched: bool,
-) -> str:
-    if leaving or state is None:
+def _worker_reason(state: WorkerState | None, address: str, facts: LaneFacts) -> str:
+    if facts.leaving or state is None:
         return f"worker {address} is leaving"
-    if limited:
+    if facts.limited:
         return f"worker {address} has a lifetime or task budget"
     if state.paused:
         return f"worker {address} is paused"
-    if watched:
+    if facts.watched:
         return "a worker plugin watches transitions"
-    if running:
+    if facts.running:
         return f"worker {address} runs another lane task"
     if state.executing_count or state.seceded_count or state.ready_count:
         return f"worker {address} is busy"
